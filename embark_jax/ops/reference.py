@@ -1,0 +1,114 @@
+"""Pure-JAX reference semantics of every embark_jax op: the ground truth the kernels and the
+distributed clusters are tested against. Differentiable with plain `jax.grad`.
+
+Conventions shared by all ops:
+  * ids < 0 are padding and contribute nothing; ids >= the table's rows are treated the same
+    way (inputs are validated on the host before they get here, see `SparseFeatures`).
+  * segment ids outside [0, num_segments) are dropped.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from embark_jax.specs import Combiner
+
+__all__ = ["lookup_pool", "pool_denominator", "segment_sum", "unique"]
+
+
+def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int) -> jax.Array:
+    """`out[s] = sum(values[i] for i with segment_ids[i] == s)`; values `[N, ...]`."""
+    seg = jnp.asarray(segment_ids)
+    valid = (seg >= 0) & (seg < num_segments)
+    seg = jnp.where(valid, seg, num_segments)  # out-of-range bucket, dropped below
+    out = jax.ops.segment_sum(values, seg, num_segments=num_segments + 1)
+    return out[:num_segments]
+
+
+def pool_denominator(
+    ids: jax.Array,
+    segment_ids: jax.Array,
+    num_segments: int,
+    weights: jax.Array | None,
+    combiner: Combiner | str,
+) -> jax.Array:
+    """Per-segment divisor of a pooled combiner, `[num_segments]` float32: 1 for `sum`,
+    sum of weights for `mean`, sqrt of the sum of squared weights for `sqrtn`, over the
+    non-padding ids (unweighted: the count and its square root)."""
+    combiner = Combiner.parse(combiner)
+    valid = ids >= 0
+    w = jnp.ones(ids.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
+    w = jnp.where(valid, w, 0.0)
+    if combiner is Combiner.SUM:
+        return jnp.ones((num_segments,), jnp.float32)
+    if combiner is Combiner.MEAN:
+        return segment_sum(w, segment_ids, num_segments)
+    if combiner is Combiner.SQRTN:
+        return jnp.sqrt(segment_sum(w * w, segment_ids, num_segments))
+    raise ValueError(f"combiner {combiner.value!r} does not pool")
+
+
+def lookup_pool(
+    table: jax.Array,
+    ids: jax.Array,
+    segment_ids: jax.Array | None,
+    num_segments: int,
+    weights: jax.Array | None = None,
+    combiner: Combiner | str = Combiner.SUM,
+) -> jax.Array:
+    """Gather rows of `table` `[V, D]` for `ids` `[N]` and pool them per segment.
+
+    Returns `[num_segments, D]` for `sum`/`mean`/`sqrtn` (empty bags give zeros) and
+    `[N, D]` for `none` (one row per id, zeros at padding; `segment_ids` and `num_segments`
+    are ignored). `weights` `[N]` scales each id's row. Output dtype is the table's.
+    """
+    combiner = Combiner.parse(combiner)
+    vocab = table.shape[0]
+    valid = (ids >= 0) & (ids < vocab)
+    safe = jnp.where(valid, ids, 0)
+    rows = jnp.take(table, safe, axis=0).astype(jnp.float32)
+    w = jnp.ones(ids.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
+    w = jnp.where(valid, w, 0.0)
+    rows = rows * w[:, None]
+    if combiner is Combiner.NONE:
+        return rows.astype(table.dtype)
+    pooled = segment_sum(rows, segment_ids, num_segments)
+    if combiner is not Combiner.SUM:
+        denom = pool_denominator(jnp.where(valid, ids, -1), segment_ids, num_segments, weights, combiner)
+        safe_denom = jnp.where(denom > 0, denom, 1.0)
+        pooled = jnp.where((denom > 0)[:, None], pooled / safe_denom[:, None], 0.0)
+    return pooled.astype(table.dtype)
+
+
+def unique(
+    ids: jax.Array, capacity: int
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Sorted unique non-negative ids of `ids` `[N]`, in a fixed capacity.
+
+    Returns `(unique_ids [capacity], inverse [N], counts [capacity], num_unique [])`:
+    `unique_ids` ascending, padded with -1; `inverse[i]` is the slot of `ids[i]` (-1 for
+    padding ids and for ids whose slot is past `capacity`); `counts` the occurrences of
+    each unique id; `num_unique` the true number of distinct ids, so
+    `max(num_unique - capacity, 0)` ids did not fit (an overflow to report, never to hide).
+    """
+    ids = jnp.asarray(ids)
+    n = ids.shape[0]
+    big = jnp.iinfo(ids.dtype).max
+    key = jnp.where(ids >= 0, ids, big)
+    order = jnp.argsort(key, stable=True)
+    sorted_ids = key[order]
+    valid_sorted = sorted_ids != big
+    is_new = jnp.concatenate([jnp.ones((1,), bool), sorted_ids[1:] != sorted_ids[:-1]]) if n else (
+        jnp.zeros((0,), bool)
+    )
+    is_new = is_new & valid_sorted
+    slot_sorted = jnp.cumsum(is_new.astype(jnp.int32)) - 1
+    num_unique = jnp.sum(is_new.astype(jnp.int32))
+    in_cap = valid_sorted & (slot_sorted < capacity)
+    slot_sorted = jnp.where(in_cap, slot_sorted, -1)
+    target = jnp.where(is_new & in_cap, slot_sorted, capacity)
+    unique_ids = jnp.full((capacity + 1,), -1, ids.dtype).at[target].set(sorted_ids)[:capacity]
+    inverse = jnp.zeros((n,), jnp.int32).at[order].set(slot_sorted)
+    counts = segment_sum(jnp.ones((n,), jnp.int32), slot_sorted, capacity)
+    return unique_ids, inverse, counts, num_unique

@@ -1,0 +1,354 @@
+"""`SparseFeatures`: the sparse input of one batch in a fixed-capacity, jit-friendly layout.
+
+Per feature:
+  ids      [B, H]  int32 (int64 under `jax_enable_x64`); valid ids packed to the left of each
+                   row, empty slots are -1. H is the feature's `max_hotness` when a config is
+                   given, else the widest row.
+  lengths  [B]     int32, number of valid ids of each sample.
+  weights  [B, H]  float32, only for weighted features; 0 in empty slots.
+
+All constructors validate on the host, before anything reaches a device: non-integer ids,
+negative ids, ids >= vocab_size, bags longer than `max_hotness`, lengths that disagree with
+the ids, and NaN/inf weights each raise a `ValueError` naming the feature and the offending
+value and position.
+
+Ids of 2**31 and above cannot be held by int32: without `jax_enable_x64` they raise a
+`ValueError` (never a silent wrap); with it, int64 ids stay int64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from embark_jax.specs import EmbeddingConfig
+
+__all__ = ["SparseFeatures"]
+
+PAD = -1
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseFeatures:
+    """Sparse features of one batch; a JAX pytree (see the module docstring for the layout).
+
+    Build it with `from_dense`, `from_ragged` or `from_lengths`; the plain constructor does
+    no validation (JAX uses it to rebuild the pytree).
+    """
+
+    ids: Mapping[str, jax.Array | np.ndarray]
+    lengths: Mapping[str, jax.Array | np.ndarray]
+    weights: Mapping[str, jax.Array | np.ndarray] = dataclasses.field(default_factory=dict)
+
+    # --- constructors --------------------------------------------------------------------
+
+    @classmethod
+    def from_dense(
+        cls,
+        ids: Mapping[str, np.ndarray],
+        weights: Mapping[str, np.ndarray] | None = None,
+        pad: int = PAD,
+        *,
+        config: EmbeddingConfig | None = None,
+    ) -> SparseFeatures:
+        """From dense `[B, H]` id arrays where `pad` marks empty slots (anywhere in a row).
+
+        Valid ids are packed to the left, keeping their order. With `config`, every feature
+        of the config must be present, ids are checked against the table's vocabulary and
+        the output width is the feature's `max_hotness`.
+        """
+        weights = dict(weights or {})
+        _check_names(ids, weights, config)
+        out_ids, out_len, out_w = {}, {}, {}
+        batch = None
+        for name, raw in ids.items():
+            arr = _as_int_array(name, raw)
+            if arr.ndim != 2:
+                raise ValueError(f"feature {name!r}: dense ids must be [B, H], got shape {arr.shape}")
+            batch = _check_batch(name, arr.shape[0], batch)
+            valid = arr != pad
+            w = None
+            if name in weights:
+                w = _as_weight_array(name, weights[name], arr.shape)
+                _check_finite(name, w, valid)
+            lengths = valid.sum(axis=1)
+            order = np.argsort(~valid, axis=1, kind="stable")
+            packed = np.take_along_axis(arr, order, axis=1)
+            packed_valid = np.arange(arr.shape[1])[None, :] < lengths[:, None]
+            packed = np.where(packed_valid, packed, PAD)
+            if w is not None:
+                w = np.where(packed_valid, np.take_along_axis(w, order, axis=1), 0.0)
+            out_ids[name], out_len[name], out_w_name = _finish(
+                name, packed, lengths, w, config
+            )
+            if out_w_name is not None:
+                out_w[name] = out_w_name
+        return cls(ids=out_ids, lengths=out_len, weights=out_w)
+
+    @classmethod
+    def from_lengths(
+        cls,
+        values: Mapping[str, np.ndarray],
+        lengths: Mapping[str, np.ndarray],
+        weights: Mapping[str, np.ndarray] | None = None,
+        *,
+        config: EmbeddingConfig | None = None,
+    ) -> SparseFeatures:
+        """From the jagged (values, lengths) form: `values[name]` holds the ids of all
+        samples back to back, `lengths[name][b]` how many belong to sample b."""
+        weights = dict(weights or {})
+        _check_names(values, weights, config)
+        if set(lengths) != set(values):
+            raise ValueError(
+                f"lengths given for features {sorted(lengths)} but values for {sorted(values)}"
+            )
+        out_ids, out_len, out_w = {}, {}, {}
+        batch = None
+        for name, raw in values.items():
+            vals = _as_int_array(name, raw)
+            if vals.ndim != 1:
+                raise ValueError(f"feature {name!r}: values must be 1-D, got shape {vals.shape}")
+            lens = np.asarray(lengths[name])
+            if lens.ndim != 1 or not np.issubdtype(lens.dtype, np.integer):
+                raise ValueError(
+                    f"feature {name!r}: lengths must be a 1-D integer array, got "
+                    f"{lens.dtype} of shape {lens.shape}"
+                )
+            batch = _check_batch(name, lens.shape[0], batch)
+            if lens.size and lens.min() < 0:
+                b = int(np.argmin(lens))
+                raise ValueError(f"feature {name!r}: negative length {int(lens[b])} at sample {b}")
+            if int(lens.sum()) != vals.shape[0]:
+                raise ValueError(
+                    f"feature {name!r}: lengths sum to {int(lens.sum())} but {vals.shape[0]} "
+                    "values were given"
+                )
+            w = None
+            if name in weights:
+                w = _as_weight_array(name, weights[name], vals.shape)
+                _check_finite(name, w[None, :], np.ones((1, vals.shape[0]), bool))
+            width = int(lens.max()) if lens.size else 0
+            if config is not None:
+                width = max(width, config.feature_by_name[name].max_hotness)
+            width = max(width, 1)
+            row = np.repeat(np.arange(lens.shape[0]), lens)
+            col = np.arange(vals.shape[0]) - np.repeat(np.cumsum(lens) - lens, lens)
+            dense = np.full((lens.shape[0], width), PAD, dtype=vals.dtype)
+            dense[row, col] = vals
+            dw = None
+            if w is not None:
+                dw = np.zeros((lens.shape[0], width), np.float32)
+                dw[row, col] = w
+            if (vals < 0).any():
+                i = int(np.argmax(vals < 0))
+                raise ValueError(
+                    f"feature {name!r}: negative id {int(vals[i])} at sample {int(row[i])}, "
+                    f"position {int(col[i])}"
+                )
+            out_ids[name], out_len[name], out_dw = _finish(name, dense, lens, dw, config)
+            if out_dw is not None:
+                out_w[name] = out_dw
+        return cls(ids=out_ids, lengths=out_len, weights=out_w)
+
+    @classmethod
+    def from_ragged(
+        cls,
+        ids: Mapping[str, Sequence[Sequence[int]]],
+        weights: Mapping[str, Sequence[Sequence[float]]] | None = None,
+        *,
+        config: EmbeddingConfig | None = None,
+    ) -> SparseFeatures:
+        """From ragged Python or numpy lists: `ids[name][b]` is the id list of sample b."""
+        values, lengths, wvals = {}, {}, {}
+        for name, rows in ids.items():
+            rows = [np.asarray(r).reshape(-1) for r in rows]
+            lengths[name] = np.array([r.shape[0] for r in rows], dtype=np.int64)
+            dtypes = [r.dtype for r in rows if r.size]
+            dtype = np.result_type(*dtypes) if dtypes else np.int32
+            values[name] = (
+                np.concatenate([r.astype(dtype) for r in rows]) if rows else np.zeros(0, dtype)
+            )
+            if weights and name in weights:
+                wrows = [np.asarray(r, dtype=np.float64).reshape(-1) for r in weights[name]]
+                if [r.shape[0] for r in wrows] != list(lengths[name]):
+                    raise ValueError(
+                        f"feature {name!r}: weights lengths {[r.shape[0] for r in wrows]} do "
+                        f"not match ids lengths {list(lengths[name])}"
+                    )
+                wvals[name] = np.concatenate(wrows) if wrows else np.zeros(0)
+        if weights:
+            unknown = sorted(set(weights) - set(ids))
+            if unknown:
+                raise ValueError(f"weights given for features without ids: {unknown}")
+        return cls.from_lengths(values, lengths, wvals, config=config)
+
+    # --- views ---------------------------------------------------------------------------
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return tuple(self.ids)
+
+    @property
+    def batch_size(self) -> int:
+        first = next(iter(self.lengths.values()))
+        return int(first.shape[0])
+
+    def hotness(self, name: str) -> int:
+        return int(self.ids[name].shape[1])
+
+    def flat(self, name: str) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        """`(ids [B*H], segment_ids [B*H], weights [B*H] or None)` for the ops in
+        `embark_jax.ops`: the segment of slot (b, h) is b; empty slots keep id -1."""
+        ids = jnp.asarray(self.ids[name])
+        b, h = ids.shape
+        seg = jnp.repeat(jnp.arange(b, dtype=jnp.int32), h)
+        w = self.weights.get(name)
+        return ids.reshape(-1), seg, None if w is None else jnp.asarray(w).reshape(-1)
+
+    def to_ragged(self) -> tuple[dict[str, list[np.ndarray]], dict[str, list[np.ndarray]]]:
+        """Inverse of `from_ragged`: per feature, a list of per-sample id (and weight) arrays."""
+        out_ids, out_w = {}, {}
+        for name, ids in self.ids.items():
+            ids = np.asarray(ids)
+            lens = np.asarray(self.lengths[name])
+            out_ids[name] = [ids[b, : lens[b]] for b in range(ids.shape[0])]
+            if name in self.weights:
+                w = np.asarray(self.weights[name])
+                out_w[name] = [w[b, : lens[b]] for b in range(ids.shape[0])]
+        return out_ids, out_w
+
+    def validate(self, config: EmbeddingConfig) -> None:
+        """Re-runs the host-side checks against `config` (e.g. for a hand-built batch)."""
+        ids = {n: np.asarray(v) for n, v in self.ids.items()}
+        rebuilt = SparseFeatures.from_dense(
+            ids, {n: np.asarray(w) for n, w in self.weights.items()}, config=config
+        )
+        for name in ids:
+            if not np.array_equal(np.asarray(self.lengths[name]), np.asarray(rebuilt.lengths[name])):
+                bad = int(
+                    np.argmax(np.asarray(self.lengths[name]) != np.asarray(rebuilt.lengths[name]))
+                )
+                raise ValueError(
+                    f"feature {name!r}: length {int(np.asarray(self.lengths[name])[bad])} at "
+                    f"sample {bad} disagrees with its {int(rebuilt.lengths[name][bad])} valid ids"
+                )
+
+
+jax.tree_util.register_dataclass(
+    SparseFeatures, data_fields=["ids", "lengths", "weights"], meta_fields=[]
+)
+
+
+# --- host-side validation helpers ----------------------------------------------------------
+
+
+def _check_names(ids: Mapping, weights: Mapping, config: EmbeddingConfig | None) -> None:
+    if not ids:
+        raise ValueError("no features given")
+    unknown_w = sorted(set(weights) - set(ids))
+    if unknown_w:
+        raise ValueError(f"weights given for features without ids: {unknown_w}")
+    if config is None:
+        return
+    known = set(config.feature_by_name)
+    unknown = sorted(set(ids) - known)
+    if unknown:
+        raise ValueError(f"unknown features {unknown}; configured features: {sorted(known)}")
+    missing = sorted(known - set(ids))
+    if missing:
+        raise ValueError(f"missing ids for configured features {missing}")
+    for name in weights:
+        if not config.feature_by_name[name].weighted:
+            raise ValueError(
+                f"feature {name!r}: weights given but the feature is not configured weighted=True"
+            )
+
+
+def _check_batch(name: str, b: int, batch: int | None) -> int:
+    if batch is not None and b != batch:
+        raise ValueError(f"feature {name!r}: batch size {b} differs from other features' {batch}")
+    return b
+
+
+def _as_int_array(name: str, raw) -> np.ndarray:
+    arr = np.asarray(raw)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"feature {name!r}: ids must be an integer array, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.unsignedinteger):
+        if arr.size and arr.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"feature {name!r}: id {int(arr.max())} does not fit in int64")
+        arr = arr.astype(np.int64)
+    return arr
+
+
+def _as_weight_array(name: str, raw, shape) -> np.ndarray:
+    w = np.asarray(raw)
+    if not (np.issubdtype(w.dtype, np.floating) or np.issubdtype(w.dtype, np.integer)):
+        raise ValueError(f"feature {name!r}: weights must be numeric, got dtype {w.dtype}")
+    if w.shape != tuple(shape):
+        raise ValueError(f"feature {name!r}: weights shape {w.shape} != ids shape {tuple(shape)}")
+    return w.astype(np.float32)
+
+
+def _check_finite(name: str, w: np.ndarray, valid: np.ndarray) -> None:
+    bad = valid & ~np.isfinite(w)
+    if bad.any():
+        pos = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"feature {name!r}: weight {w[pos]} at position {pos} is not finite")
+
+
+def _finish(name, packed, lengths, w, config):
+    """Range/hotness checks and the final dtype and width of one feature."""
+    valid = np.arange(packed.shape[1])[None, :] < lengths[:, None]
+    if (packed[valid] < 0).any():
+        pos = tuple(int(i) for i in np.argwhere(valid & (packed < 0))[0])
+        raise ValueError(f"feature {name!r}: negative id {int(packed[pos])} at position {pos}")
+    width = packed.shape[1]
+    if config is not None:
+        fc = config.feature_by_name[name]
+        table = config.table_by_name[fc.table]
+        if lengths.size and lengths.max() > fc.max_hotness:
+            b = int(np.argmax(lengths))
+            raise ValueError(
+                f"feature {name!r}: sample {b} has {int(lengths[b])} ids, above max_hotness "
+                f"{fc.max_hotness}"
+            )
+        too_big = valid & (packed >= table.vocab_size)
+        if too_big.any():
+            pos = tuple(int(i) for i in np.argwhere(too_big)[0])
+            raise ValueError(
+                f"feature {name!r}: id {int(packed[pos])} at position {pos} is out of range for "
+                f"table {table.name!r} (vocab_size {table.vocab_size})"
+            )
+        width = fc.max_hotness
+    if packed.shape[1] > width:
+        packed = packed[:, :width]
+        if w is not None:
+            w = w[:, :width]
+    elif packed.shape[1] < width:
+        extra = width - packed.shape[1]
+        packed = np.pad(packed, ((0, 0), (0, extra)), constant_values=PAD)
+        if w is not None:
+            w = np.pad(w, ((0, 0), (0, extra)))
+    packed = _to_id_dtype(name, packed)
+    if config is not None and config.feature_by_name[name].weighted and w is None:
+        w = np.where(packed >= 0, 1.0, 0.0)
+    out_w = None if w is None else np.asarray(w, np.float32)
+    return packed, lengths.astype(np.int32), out_w
+
+
+def _to_id_dtype(name: str, arr: np.ndarray) -> np.ndarray:
+    if jax.config.jax_enable_x64:
+        return arr.astype(np.int64) if arr.dtype.itemsize > 4 else arr.astype(np.int32)
+    if arr.size and arr.max() > _INT32_MAX:
+        pos = tuple(int(i) for i in np.argwhere(arr > _INT32_MAX)[0])
+        raise ValueError(
+            f"feature {name!r}: id {int(arr[pos])} at position {pos} needs 64-bit ids; enable "
+            "jax_enable_x64 (jax.config.update('jax_enable_x64', True)) before building batches"
+        )
+    return arr.astype(np.int32)

@@ -1,0 +1,204 @@
+"""Table and feature specifications: frozen, keyword-only, validated at construction.
+
+A `TableConfig` describes one embedding table; a `FeatureConfig` one input slot that looks up a
+table by name (several features may share a table). `EmbeddingConfig` holds both and checks
+the cross references once, so everything downstream can trust it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "Combiner",
+    "EmbeddingConfig",
+    "FeatureConfig",
+    "TableConfig",
+]
+
+Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
+
+
+class Combiner(enum.Enum):
+    """How the vectors of one sample's ids are combined.
+
+    `SUM`, `MEAN` and `SQRTN` pool one vector per sample (MEAN divides by the sum of the
+    weights of the non-padding ids, SQRTN by the square root of the sum of their squared
+    weights; unweighted, these are the count and its square root). `NONE` is a sequence
+    feature: one vector per id, no pooling (HugeCTR's "concat").
+    """
+
+    SUM = "sum"
+    MEAN = "mean"
+    SQRTN = "sqrtn"
+    NONE = "none"
+
+    @classmethod
+    def parse(cls, value: Combiner | str) -> Combiner:
+        if isinstance(value, Combiner):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            choices = ", ".join(c.value for c in cls)
+            raise ValueError(f"unknown combiner {value!r}; expected one of: {choices}") from None
+
+    @property
+    def pooled(self) -> bool:
+        return self is not Combiner.NONE
+
+
+def default_initializer(dim: int) -> Initializer:
+    """Uniform(-1/sqrt(dim), 1/sqrt(dim)), the DLRM reference initialisation."""
+    scale = 1.0 / float(np.sqrt(dim))
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, jnp.float32, -scale, scale).astype(dtype)
+
+    return init
+
+
+_TABLE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TableConfig:
+    """One embedding table.
+
+    Attributes:
+      name: unique table name.
+      vocab_size: number of rows V; valid ids are [0, V).
+      dim: embedding dimension d (columns).
+      dtype: storage dtype, float32 (default) or bfloat16.
+      initializer: `init(key, shape, dtype)`; default uniform(+-1/sqrt(dim)).
+    """
+
+    name: str
+    vocab_size: int
+    dim: int
+    dtype: Any = jnp.float32
+    initializer: Initializer | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"table name must be a non-empty string, got {self.name!r}")
+        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int | np.integer):
+            raise ValueError(f"table {self.name!r}: vocab_size must be an int, got {self.vocab_size!r}")
+        if self.vocab_size < 1:
+            raise ValueError(f"table {self.name!r}: vocab_size must be >= 1, got {self.vocab_size}")
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int | np.integer):
+            raise ValueError(f"table {self.name!r}: dim must be an int, got {self.dim!r}")
+        if self.dim < 1:
+            raise ValueError(f"table {self.name!r}: dim must be >= 1, got {self.dim}")
+        if jnp.dtype(self.dtype) not in _TABLE_DTYPES:
+            raise ValueError(
+                f"table {self.name!r}: dtype must be float32 or bfloat16, got {jnp.dtype(self.dtype)}"
+            )
+
+    def init(self, key: jax.Array) -> jax.Array:
+        """Returns a freshly initialised [vocab_size, dim] table."""
+        init = self.initializer or default_initializer(self.dim)
+        return init(key, (self.vocab_size, self.dim), jnp.dtype(self.dtype))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FeatureConfig:
+    """One sparse input slot.
+
+    Attributes:
+      name: unique feature name.
+      table: name of the table it looks up.
+      max_hotness: most ids one sample may carry (the static capacity of its bag).
+      combiner: `Combiner` or its string value; default `sum`.
+      weighted: whether inputs carry a weight per id.
+    """
+
+    name: str
+    table: str
+    max_hotness: int = 1
+    combiner: Combiner | str = Combiner.SUM
+    weighted: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"feature name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.table, str) or not self.table:
+            raise ValueError(f"feature {self.name!r}: table must be a table name, got {self.table!r}")
+        if isinstance(self.max_hotness, bool) or not isinstance(self.max_hotness, int | np.integer):
+            raise ValueError(
+                f"feature {self.name!r}: max_hotness must be an int, got {self.max_hotness!r}"
+            )
+        if self.max_hotness < 1:
+            raise ValueError(f"feature {self.name!r}: max_hotness must be >= 1, got {self.max_hotness}")
+        try:
+            combiner = Combiner.parse(self.combiner)
+        except ValueError as e:
+            raise ValueError(f"feature {self.name!r}: {e}") from None
+        object.__setattr__(self, "combiner", combiner)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EmbeddingConfig:
+    """Tables and the features that look them up, cross-checked once.
+
+    Raises `ValueError` on duplicate table or feature names, a feature naming an unknown
+    table, or a table no feature uses.
+    """
+
+    tables: tuple[TableConfig, ...]
+    features: tuple[FeatureConfig, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tables", tuple(self.tables))
+        object.__setattr__(self, "features", tuple(self.features))
+        if not self.tables:
+            raise ValueError("EmbeddingConfig needs at least one table")
+        _check_unique("table", [t.name for t in self.tables])
+        _check_unique("feature", [f.name for f in self.features])
+        names = {t.name for t in self.tables}
+        for f in self.features:
+            if f.table not in names:
+                raise ValueError(
+                    f"feature {f.name!r} looks up unknown table {f.table!r}; "
+                    f"known tables: {sorted(names)}"
+                )
+        used = {f.table for f in self.features}
+        unused = sorted(names - used)
+        if unused:
+            raise ValueError(f"tables not looked up by any feature: {unused}")
+
+    @property
+    def table_by_name(self) -> Mapping[str, TableConfig]:
+        return {t.name: t for t in self.tables}
+
+    @property
+    def feature_by_name(self) -> Mapping[str, FeatureConfig]:
+        return {f.name: f for f in self.features}
+
+    def table_of(self, feature: str | FeatureConfig) -> TableConfig:
+        name = feature.name if isinstance(feature, FeatureConfig) else feature
+        try:
+            return self.table_by_name[self.feature_by_name[name].table]
+        except KeyError:
+            raise ValueError(f"unknown feature {name!r}") from None
+
+    @classmethod
+    def create(
+        cls, tables: Sequence[TableConfig], features: Sequence[FeatureConfig]
+    ) -> EmbeddingConfig:
+        return cls(tables=tuple(tables), features=tuple(features))
+
+
+def _check_unique(kind: str, names: Sequence[str]) -> None:
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise ValueError(f"duplicate {kind} name {n!r}")
+        seen.add(n)

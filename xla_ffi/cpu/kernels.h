@@ -1,0 +1,6 @@
+// Handler symbols of the CPU kernels, exported to Python by module.cc.
+#pragma once
+
+#include "xla/ffi/api/ffi.h"
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(EmbarkSegmentSumCpu);
