@@ -52,8 +52,12 @@ def _check_ffi_version(built_with: str) -> None:
 def _cuda_plugin_installed() -> bool:
     return any(
         importlib.util.find_spec(name) is not None
-        for name in ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_plugins.xla_cuda13",
-                     "jax_plugins.xla_cuda12")
+        for name in (
+            "jax_cuda13_plugin",
+            "jax_cuda12_plugin",
+            "jax_plugins.xla_cuda13",
+            "jax_plugins.xla_cuda12",
+        )
         if _parent_importable(name)
     )
 

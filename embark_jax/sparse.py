@@ -69,7 +69,9 @@ class SparseFeatures:
         for name, raw in ids.items():
             arr = _as_int_array(name, raw)
             if arr.ndim != 2:
-                raise ValueError(f"feature {name!r}: dense ids must be [B, H], got shape {arr.shape}")
+                raise ValueError(
+                    f"feature {name!r}: dense ids must be [B, H], got shape {arr.shape}"
+                )
             batch = _check_batch(name, arr.shape[0], batch)
             valid = arr != pad
             w = None
@@ -83,9 +85,7 @@ class SparseFeatures:
             packed = np.where(packed_valid, packed, PAD)
             if w is not None:
                 w = np.where(packed_valid, np.take_along_axis(w, order, axis=1), 0.0)
-            out_ids[name], out_len[name], out_w_name = _finish(
-                name, packed, lengths, w, config
-            )
+            out_ids[name], out_len[name], out_w_name = _finish(name, packed, lengths, w, config)
             if out_w_name is not None:
                 out_w[name] = out_w_name
         return cls(ids=out_ids, lengths=out_len, weights=out_w)
@@ -178,7 +178,7 @@ class SparseFeatures:
                 if [r.shape[0] for r in wrows] != list(lengths[name]):
                     raise ValueError(
                         f"feature {name!r}: weights lengths {[r.shape[0] for r in wrows]} do "
-                        f"not match ids lengths {list(lengths[name])}"
+                        f"not match ids lengths {lengths[name].tolist()}"
                     )
                 wvals[name] = np.concatenate(wrows) if wrows else np.zeros(0)
         if weights:
@@ -229,7 +229,9 @@ class SparseFeatures:
             ids, {n: np.asarray(w) for n, w in self.weights.items()}, config=config
         )
         for name in ids:
-            if not np.array_equal(np.asarray(self.lengths[name]), np.asarray(rebuilt.lengths[name])):
+            if not np.array_equal(
+                np.asarray(self.lengths[name]), np.asarray(rebuilt.lengths[name])
+            ):
                 bad = int(
                     np.argmax(np.asarray(self.lengths[name]) != np.asarray(rebuilt.lengths[name]))
                 )

@@ -90,7 +90,9 @@ class TableConfig:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"table name must be a non-empty string, got {self.name!r}")
         if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int | np.integer):
-            raise ValueError(f"table {self.name!r}: vocab_size must be an int, got {self.vocab_size!r}")
+            raise ValueError(
+                f"table {self.name!r}: vocab_size must be an int, got {self.vocab_size!r}"
+            )
         if self.vocab_size < 1:
             raise ValueError(f"table {self.name!r}: vocab_size must be >= 1, got {self.vocab_size}")
         if isinstance(self.dim, bool) or not isinstance(self.dim, int | np.integer):
@@ -130,13 +132,17 @@ class FeatureConfig:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"feature name must be a non-empty string, got {self.name!r}")
         if not isinstance(self.table, str) or not self.table:
-            raise ValueError(f"feature {self.name!r}: table must be a table name, got {self.table!r}")
+            raise ValueError(
+                f"feature {self.name!r}: table must be a table name, got {self.table!r}"
+            )
         if isinstance(self.max_hotness, bool) or not isinstance(self.max_hotness, int | np.integer):
             raise ValueError(
                 f"feature {self.name!r}: max_hotness must be an int, got {self.max_hotness!r}"
             )
         if self.max_hotness < 1:
-            raise ValueError(f"feature {self.name!r}: max_hotness must be >= 1, got {self.max_hotness}")
+            raise ValueError(
+                f"feature {self.name!r}: max_hotness must be >= 1, got {self.max_hotness}"
+            )
         try:
             combiner = Combiner.parse(self.combiner)
         except ValueError as e:

@@ -20,7 +20,9 @@ def result_type(like: jax.Array, shape: tuple[int, ...], dtype) -> jax.ShapeDtyp
     if mat is None:
         return jax.ShapeDtypeStruct(shape, dtype)
     return aval.update(
-        shape=tuple(shape), dtype=jnp.dtype(dtype), sharding=_sharding_for(aval, len(shape)),
+        shape=tuple(shape),
+        dtype=jnp.dtype(dtype),
+        sharding=_sharding_for(aval, len(shape)),
         weak_type=False,
     )
 

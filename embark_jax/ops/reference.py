@@ -75,15 +75,15 @@ def lookup_pool(
         return rows.astype(table.dtype)
     pooled = segment_sum(rows, segment_ids, num_segments)
     if combiner is not Combiner.SUM:
-        denom = pool_denominator(jnp.where(valid, ids, -1), segment_ids, num_segments, weights, combiner)
+        denom = pool_denominator(
+            jnp.where(valid, ids, -1), segment_ids, num_segments, weights, combiner
+        )
         safe_denom = jnp.where(denom > 0, denom, 1.0)
         pooled = jnp.where((denom > 0)[:, None], pooled / safe_denom[:, None], 0.0)
     return pooled.astype(table.dtype)
 
 
-def unique(
-    ids: jax.Array, capacity: int
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def unique(ids: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Sorted unique non-negative ids of `ids` `[N]`, in a fixed capacity.
 
     Returns `(unique_ids [capacity], inverse [N], counts [capacity], num_unique [])`:
@@ -99,8 +99,10 @@ def unique(
     order = jnp.argsort(key, stable=True)
     sorted_ids = key[order]
     valid_sorted = sorted_ids != big
-    is_new = jnp.concatenate([jnp.ones((1,), bool), sorted_ids[1:] != sorted_ids[:-1]]) if n else (
-        jnp.zeros((0,), bool)
+    is_new = (
+        jnp.concatenate([jnp.ones((1,), bool), sorted_ids[1:] != sorted_ids[:-1]])
+        if n
+        else (jnp.zeros((0,), bool))
     )
     is_new = is_new & valid_sorted
     slot_sorted = jnp.cumsum(is_new.astype(jnp.int32)) - 1

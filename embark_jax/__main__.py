@@ -1,0 +1,33 @@
+"""Command line: `python -m embark_jax <command>`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m embark_jax")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("demo", help="train a small model on synthetic Zipf data (one device)")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the metrics JSON here")
+    sub.add_parser("info", help="print the native build and the registered FFI targets")
+    args = parser.parse_args(argv)
+
+    if args.command == "demo":
+        from embark_jax.demo import run_demo
+
+        run_demo(steps=args.steps, batch_size=args.batch_size, seed=args.seed, out=args.out)
+    elif args.command == "info":
+        import embark_jax
+
+        print(json.dumps(embark_jax.build_info(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

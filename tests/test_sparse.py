@@ -1,0 +1,184 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from embark_jax import EmbeddingConfig, FeatureConfig, SparseFeatures, TableConfig
+
+CFG = EmbeddingConfig.create(
+    [TableConfig(name="t", vocab_size=100, dim=4), TableConfig(name="u", vocab_size=7, dim=2)],
+    [
+        FeatureConfig(name="a", table="t", max_hotness=3),
+        FeatureConfig(name="b", table="u", max_hotness=2, weighted=True),
+    ],
+)
+
+
+def test_from_dense_packs_left_and_pads_to_max_hotness():
+    ids = {"a": np.array([[5, -1, 7], [-1, -1, -1]]), "b": np.array([[1], [6]])}
+    w = {"b": np.array([[0.5], [2.0]])}
+    sf = SparseFeatures.from_dense(ids, w, config=CFG)
+    np.testing.assert_array_equal(sf.ids["a"], [[5, 7, -1], [-1, -1, -1]])
+    np.testing.assert_array_equal(sf.lengths["a"], [2, 0])
+    np.testing.assert_array_equal(sf.ids["b"], [[1, -1], [6, -1]])
+    np.testing.assert_allclose(sf.weights["b"], [[0.5, 0.0], [2.0, 0.0]])
+    assert sf.ids["a"].dtype == np.int32 and sf.batch_size == 2
+
+
+def test_custom_pad_value():
+    sf = SparseFeatures.from_dense({"a": np.array([[0, 9, 0]])}, pad=0)
+    np.testing.assert_array_equal(sf.ids["a"], [[9, -1, -1]])
+    np.testing.assert_array_equal(sf.lengths["a"], [1])
+
+
+def test_ragged_round_trip():
+    rows = {"a": [[1, 2, 3], [], [99]], "b": [[0, 6], [3], []]}
+    weights = {"b": [[1.0, 2.0], [0.5], []]}
+    sf = SparseFeatures.from_ragged(rows, weights, config=CFG)
+    back_ids, back_w = sf.to_ragged()
+    for name, r in rows.items():
+        assert [list(x) for x in back_ids[name]] == r
+    assert [list(x) for x in back_w["b"]] == weights["b"]
+    # dense -> ragged -> dense is the identity too
+    sf2 = SparseFeatures.from_ragged(back_ids, back_w, config=CFG)
+    for name in rows:
+        np.testing.assert_array_equal(sf.ids[name], sf2.ids[name])
+
+
+def test_is_a_pytree_and_jit_consumes_it():
+    sf = SparseFeatures.from_ragged({"a": [[1], [2, 3]]})
+    leaves = jax.tree_util.tree_leaves(sf)
+    assert len(leaves) == 2
+    total = jax.jit(lambda s: jnp.sum(jnp.where(s.ids["a"] >= 0, s.ids["a"], 0)))(sf)
+    assert int(total) == 6
+    ids, seg, w = sf.flat("a")
+    np.testing.assert_array_equal(seg, [0, 0, 1, 1])
+    assert w is None and ids.shape == (4,)
+
+
+@pytest.mark.parametrize(
+    ("ids", "weights", "message"),
+    [
+        (
+            {"a": np.array([[1, 100]]), "b": np.array([[1]])},
+            None,
+            r"feature 'a': id 100 at position \(0, 1\) is out of range for table 't' \(vocab_size 100\)",
+        ),
+        (
+            {"a": np.array([[1, -5]]), "b": np.array([[1]])},
+            None,
+            r"feature 'a': negative id -5 at position \(0, 1\)",
+        ),
+        (
+            {"a": np.array([[1.0]]), "b": np.array([[1]])},
+            None,
+            "feature 'a': ids must be an integer array, got dtype float64",
+        ),
+        (
+            {"a": np.array([[1, 2, 3, 4]]), "b": np.array([[1]])},
+            None,
+            "feature 'a': sample 0 has 4 ids, above max_hotness 3",
+        ),
+        (
+            {"a": np.array([[1]]), "b": np.array([[1]])},
+            {"b": np.array([[np.nan]])},
+            r"feature 'b': weight nan at position \(0, 0\) is not finite",
+        ),
+        (
+            {"a": np.array([[1]]), "b": np.array([[1]])},
+            {"b": np.array([[1.0, 2.0]])},
+            r"feature 'b': weights shape \(1, 2\) != ids shape \(1, 1\)",
+        ),
+        (
+            {"a": np.array([[1]]), "b": np.array([[1]])},
+            {"a": np.array([[1.0]])},
+            "feature 'a': weights given but the feature is not configured weighted=True",
+        ),
+        (
+            {"a": np.array([[1], [2]]), "b": np.array([[1]])},
+            None,
+            "feature 'b': batch size 1 differs from other features' 2",
+        ),
+        ({"a": np.array([[1]])}, None, r"missing ids for configured features \['b'\]"),
+        (
+            {"a": np.array([[1]]), "b": np.array([[1]]), "c": np.array([[1]])},
+            None,
+            r"unknown features \['c'\]",
+        ),
+        (
+            {"a": np.array([1, 2]), "b": np.array([[1]])},
+            None,
+            r"feature 'a': dense ids must be \[B, H\], got shape \(2,\)",
+        ),
+    ],
+)
+def test_from_dense_errors(ids, weights, message):
+    with pytest.raises(ValueError, match=message):
+        SparseFeatures.from_dense(ids, weights, config=CFG)
+
+
+@pytest.mark.parametrize(
+    ("values", "lengths", "message"),
+    [
+        (
+            {"a": np.array([1, 2, 3])},
+            {"a": np.array([1, 1])},
+            "feature 'a': lengths sum to 2 but 3 values were given",
+        ),
+        (
+            {"a": np.array([1, 2])},
+            {"a": np.array([3, -1])},
+            "feature 'a': negative length -1 at sample 1",
+        ),
+        (
+            {"a": np.array([1, 2])},
+            {"a": np.array([1.0, 1.0])},
+            "feature 'a': lengths must be a 1-D integer array",
+        ),
+        (
+            {"a": np.array([1, -2])},
+            {"a": np.array([1, 1])},
+            "feature 'a': negative id -2 at sample 1, position 0",
+        ),
+    ],
+)
+def test_from_lengths_errors(values, lengths, message):
+    with pytest.raises(ValueError, match=message):
+        SparseFeatures.from_lengths(values, lengths)
+
+
+def test_ragged_weight_length_mismatch():
+    with pytest.raises(
+        ValueError, match=r"feature 'b': weights lengths \[1\] do not match ids lengths \[2\]"
+    ):
+        SparseFeatures.from_ragged({"b": [[1, 2]]}, {"b": [[1.0]]})
+
+
+def test_int64_ids_above_int32_need_x64():
+    ids = {"a": np.array([[2**31 + 5]], dtype=np.int64)}
+    with pytest.raises(
+        ValueError, match=r"feature 'a': id 2147483653 at position \(0, 0\) needs 64-bit ids"
+    ):
+        SparseFeatures.from_dense(ids)
+    small = SparseFeatures.from_dense({"a": np.array([[7]], dtype=np.int64)})
+    assert small.ids["a"].dtype == np.int32 and int(small.ids["a"][0, 0]) == 7
+
+
+def test_int64_ids_kept_with_x64():
+    with jax.enable_x64(True) if hasattr(jax, "enable_x64") else jax.experimental.enable_x64():
+        sf = SparseFeatures.from_dense({"a": np.array([[2**40]], dtype=np.int64)})
+        assert sf.ids["a"].dtype == np.int64 and int(sf.ids["a"][0, 0]) == 2**40
+
+
+def test_validate_catches_inconsistent_lengths():
+    sf = SparseFeatures.from_dense(
+        {"a": np.array([[1, 2, -1]]), "b": np.array([[1, -1]])}, config=CFG
+    )
+    bad = SparseFeatures(
+        ids=sf.ids, lengths={"a": np.array([3], np.int32), "b": sf.lengths["b"]}, weights=sf.weights
+    )
+    with pytest.raises(
+        ValueError, match="feature 'a': length 3 at sample 0 disagrees with its 2 valid ids"
+    ):
+        bad.validate(CFG)
+    sf.validate(CFG)
