@@ -1,20 +1,25 @@
 """Embedding ops: fused kernels through the XLA FFI with pure-JAX references beside them.
 
-`embark_jax.ops.reference` holds the ground-truth semantics; the functions here pick the FFI
-kernel where one exists (see `use_backend`).
+`embark_jax.ops.reference` holds the ground-truth semantics; the functions here run the FFI
+kernel by default and the reference with `backend="reference"` or inside
+`use_backend("reference")`.
 """
 
 from embark_jax.ops import reference
 from embark_jax.ops.backend import Backend, current_backend, use_backend
-from embark_jax.ops.reference import lookup_pool, unique
+from embark_jax.ops.lookup import lookup_pool, lookup_pool_backward, unique
 from embark_jax.ops.segment import segment_sum
+from embark_jax.ops.update import merge_duplicate_rows, sparse_update
 
 __all__ = [
     "Backend",
     "current_backend",
     "lookup_pool",
+    "lookup_pool_backward",
+    "merge_duplicate_rows",
     "reference",
     "segment_sum",
+    "sparse_update",
     "unique",
     "use_backend",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from embark_jax import _native  # noqa: F401  (registers the targets)
 
@@ -43,3 +44,52 @@ def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int) ->
         vmap_method="sequential",
     )(values2, segment_ids)
     return out.reshape((num_segments, *values.shape[1:]))
+
+
+COMBINER_IDS = {"sum": 0, "mean": 1, "sqrtn": 2, "none": 3}
+
+
+def lookup_pool(table, ids, segment_ids, weights, num_out: int, combiner: str, out_dtype):
+    return jax.ffi.ffi_call(
+        "embark_lookup_pool",
+        result_type(ids, (num_out, table.shape[1]), out_dtype),
+        vmap_method="sequential",
+    )(table, ids, segment_ids, weights, combiner=np.int64(COMBINER_IDS[combiner]))
+
+
+def unique(ids, capacity: int):
+    return jax.ffi.ffi_call(
+        "embark_unique",
+        (
+            result_type(ids, (capacity,), ids.dtype),
+            result_type(ids, ids.shape, jnp.int32),
+            result_type(ids, (capacity,), jnp.int32),
+            result_type(ids, (), jnp.int32),
+        ),
+        vmap_method="sequential",
+    )(ids)
+
+
+def sparse_grad(grads, ids, segment_ids, scale, capacity: int, per_id: bool):
+    return jax.ffi.ffi_call(
+        "embark_sparse_grad",
+        (
+            result_type(ids, (capacity,), ids.dtype),
+            result_type(ids, (capacity, grads.shape[1]), jnp.float32),
+            result_type(ids, (), jnp.int32),
+        ),
+        vmap_method="sequential",
+    )(grads, ids, segment_ids, scale, per_id=np.int64(per_id))
+
+
+def sparse_update(table, slot_a, slot_b, rows, grads, hparams, kernel_id: int):
+    return jax.ffi.ffi_call(
+        "embark_sparse_update",
+        (
+            result_type(table, table.shape, table.dtype),
+            result_type(slot_a, slot_a.shape, jnp.float32),
+            result_type(slot_b, slot_b.shape, jnp.float32),
+        ),
+        input_output_aliases={0: 0, 1: 1, 2: 2},
+        vmap_method="sequential",
+    )(table, slot_a, slot_b, rows, grads, hparams, optimizer=np.int64(kernel_id))

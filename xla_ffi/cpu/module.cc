@@ -20,6 +20,10 @@ PYBIND11_MODULE(_ffi_cpu, m) {
   m.def("registrations", []() {
     py::dict d;
     d["embark_segment_sum"] = Capsule(EmbarkSegmentSumCpu);
+    d["embark_lookup_pool"] = Capsule(EmbarkLookupPoolCpu);
+    d["embark_unique"] = Capsule(EmbarkUniqueCpu);
+    d["embark_sparse_grad"] = Capsule(EmbarkSparseGradCpu);
+    d["embark_sparse_update"] = Capsule(EmbarkSparseUpdateCpu);
     return d;
   });
 }

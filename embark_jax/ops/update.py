@@ -1,0 +1,68 @@
+"""`sparse_update`: fused in-place row updates of a table and its optimizer slots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from embark_jax.ops import _ffi, reference
+from embark_jax.ops.backend import Backend, resolve
+from embark_jax.optimizers import SparseOptimizer
+
+__all__ = ["merge_duplicate_rows", "sparse_update"]
+
+
+def merge_duplicate_rows(
+    rows: jax.Array, grads: jax.Array, *, backend: Backend | str | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """Sums the gradients of repeated rows: returns `(unique rows [C] -1 padded, grads [C, D])`
+    with the same capacity C as the input (the distinct rows always fit)."""
+    c = rows.shape[0]
+    if resolve(backend) is Backend.REFERENCE:
+        uniq, inverse, _, _ = reference.unique(rows, c)
+        return uniq, reference.segment_sum(grads.astype(jnp.float32), inverse, c)
+    seg = jnp.arange(c, dtype=jnp.int32)
+    uniq, merged, _ = _ffi.sparse_grad(
+        grads, rows, seg, jnp.ones((c,), jnp.float32), c, per_id=True
+    )
+    return uniq, merged
+
+
+def sparse_update(
+    table: jax.Array,
+    state: Any,
+    rows: jax.Array,
+    grads: jax.Array,
+    optimizer: SparseOptimizer,
+    *,
+    assume_unique: bool = False,
+    backend: Backend | str | None = None,
+) -> tuple[jax.Array, Any]:
+    """Applies `optimizer` to the given rows only; returns the new `(table, state)`.
+
+    Arguments:
+      table: `[V, D]` float32 or bfloat16; state: `optimizer.init(table)`.
+      rows: `[C]` int32/int64 row ids; -1 (and any id outside [0, V)) is padding.
+      grads: `[C, D]` gradient of each row.
+      assume_unique: skip merging duplicate rows (true for `lookup_pool_backward` output).
+
+    With the FFI backend the update is in place when the caller donates `table` and the
+    state (`jax.jit(..., donate_argnums=...)`): the kernel's outputs alias its inputs.
+    """
+    rows, grads = jnp.asarray(rows), jnp.asarray(grads, jnp.float32)
+    if rows.ndim != 1 or grads.shape != (rows.shape[0], table.shape[1]):
+        raise ValueError(
+            f"sparse_update: rows [C] and grads [C, {table.shape[1]}] expected, got "
+            f"{rows.shape} and {grads.shape}"
+        )
+    if not assume_unique:
+        rows, grads = merge_duplicate_rows(rows, grads, backend=backend)
+    if resolve(backend) is Backend.REFERENCE:
+        return optimizer.update(table, state, rows, grads)
+    slot_a, slot_b = optimizer.kernel_slots(table, state)
+    new_table, a, b = _ffi.sparse_update(
+        table, slot_a, slot_b, rows, grads, optimizer.hparams(state), optimizer.kernel_id
+    )
+    return new_table, optimizer.from_kernel_slots(state, a, b)

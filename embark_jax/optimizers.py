@@ -1,0 +1,208 @@
+"""Sparse (row-wise, lazy) optimizers for embedding tables.
+
+Each optimizer is a frozen spec with an `init(table) -> state` (a `NamedTuple` of slot
+arrays) and a reference `update(table, state, rows, grads) -> (table, state)` that touches
+only the given rows. `slot_shapes(vocab, dim)` declares the slots, so memory estimates ask
+the optimizer instead of branching on its type. The fused kernel behind
+`embark_jax.ops.sparse_update` implements the same math (`kernel_id`, `hparams`).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "SGD",
+    "Adagrad",
+    "AdagradState",
+    "Adam",
+    "AdamState",
+    "RowWiseAdagrad",
+    "RowWiseAdagradState",
+    "SGDState",
+    "SparseOptimizer",
+]
+
+
+class SGDState(NamedTuple):
+    pass
+
+
+class AdagradState(NamedTuple):
+    accumulator: jax.Array  # [V, D]
+
+
+class RowWiseAdagradState(NamedTuple):
+    accumulator: jax.Array  # [V]: one accumulator per row
+
+
+class AdamState(NamedTuple):
+    m: jax.Array  # [V, D]
+    v: jax.Array  # [V, D]
+    count: jax.Array  # [] int32, number of updates applied
+
+
+def _gather(x: jax.Array, rows: jax.Array, valid: jax.Array) -> jax.Array:
+    return jnp.take(x, jnp.where(valid, rows, 0), axis=0)
+
+
+def _scatter(x: jax.Array, rows: jax.Array, valid: jax.Array, values: jax.Array) -> jax.Array:
+    return x.at[jnp.where(valid, rows, x.shape[0])].set(values.astype(x.dtype), mode="drop")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SparseOptimizer(abc.ABC):
+    """Base of the sparse optimizers. Rows < 0 or >= V are padding and left untouched; the
+    reference `update` expects unique rows (`ops.sparse_update` merges duplicates)."""
+
+    learning_rate: float
+    kernel_id: ClassVar[int]
+
+    @abc.abstractmethod
+    def slot_shapes(self, vocab: int, dim: int) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of each float32 optimizer slot of a [vocab, dim] table."""
+
+    @abc.abstractmethod
+    def init(self, table: jax.Array) -> Any: ...
+
+    @abc.abstractmethod
+    def _rows_update(self, w, slots, g, state) -> tuple[jax.Array, tuple[jax.Array, ...]]: ...
+
+    def slot_bytes(self, vocab: int, dim: int) -> int:
+        return sum(4 * math.prod(s) for s in self.slot_shapes(vocab, dim).values())
+
+    def hparams(self, state: Any) -> jax.Array:
+        """`[lr, eps, b1, b2]` for the fused kernel."""
+        return jnp.array([self.learning_rate, 0.0, 0.0, 0.0], jnp.float32)
+
+    def kernel_slots(self, table: jax.Array, state: Any) -> tuple[jax.Array, jax.Array]:
+        """The (at most two) slot arrays the kernel updates; unused ones are [1] dummies."""
+        arrays = [x for x in state if x.ndim > 0]
+        dummy = jnp.zeros((1,), jnp.float32)
+        return (*arrays, dummy, dummy)[:2]
+
+    def from_kernel_slots(self, state: Any, a: jax.Array, b: jax.Array) -> Any:
+        return state
+
+    def update(self, table, state, rows, grads):
+        """Reference update of the unique `rows` with `grads` [C, D] (float32)."""
+        valid = (rows >= 0) & (rows < table.shape[0])
+        w = _gather(table, rows, valid).astype(jnp.float32)
+        slots = tuple(_gather(s, rows, valid) for s in state if s.ndim > 0)
+        new_w, new_slots = self._rows_update(w, slots, grads.astype(jnp.float32), state)
+        table = _scatter(table, rows, valid, new_w)
+        full = [s for s in state if s.ndim > 0]
+        full = [_scatter(f, rows, valid, n) for f, n in zip(full, new_slots, strict=True)]
+        return table, self._rebuild(state, full)
+
+    def _rebuild(self, state, full):
+        return type(state)(*full)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SGD(SparseOptimizer):
+    kernel_id: ClassVar[int] = 0
+
+    def slot_shapes(self, vocab, dim):
+        return {}
+
+    def init(self, table):
+        return SGDState()
+
+    def _rows_update(self, w, slots, g, state):
+        return w - self.learning_rate * g, ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Adagrad(SparseOptimizer):
+    initial_accumulator: float = 0.0
+    eps: float = 1e-8
+    kernel_id: ClassVar[int] = 1
+
+    def slot_shapes(self, vocab, dim):
+        return {"accumulator": (vocab, dim)}
+
+    def init(self, table):
+        return AdagradState(jnp.full(table.shape, self.initial_accumulator, jnp.float32))
+
+    def hparams(self, state):
+        return jnp.array([self.learning_rate, self.eps, 0.0, 0.0], jnp.float32)
+
+    def from_kernel_slots(self, state, a, b):
+        return AdagradState(a)
+
+    def _rows_update(self, w, slots, g, state):
+        acc = slots[0] + g * g
+        return w - self.learning_rate * g / (jnp.sqrt(acc) + self.eps), (acc,)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RowWiseAdagrad(SparseOptimizer):
+    initial_accumulator: float = 0.0
+    eps: float = 1e-8
+    kernel_id: ClassVar[int] = 2
+
+    def slot_shapes(self, vocab, dim):
+        return {"accumulator": (vocab,)}
+
+    def init(self, table):
+        return RowWiseAdagradState(jnp.full(table.shape[:1], self.initial_accumulator, jnp.float32))
+
+    def hparams(self, state):
+        return jnp.array([self.learning_rate, self.eps, 0.0, 0.0], jnp.float32)
+
+    def from_kernel_slots(self, state, a, b):
+        return RowWiseAdagradState(a)
+
+    def _rows_update(self, w, slots, g, state):
+        acc = slots[0] + jnp.mean(g * g, axis=1)
+        step = self.learning_rate / (jnp.sqrt(acc) + self.eps)
+        return w - step[:, None] * g, (acc,)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Adam(SparseOptimizer):
+    """Lazy Adam: moments and weights of untouched rows do not change; the bias correction
+    uses the number of updates applied to the table (`count`)."""
+
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    kernel_id: ClassVar[int] = 3
+
+    def slot_shapes(self, vocab, dim):
+        return {"m": (vocab, dim), "v": (vocab, dim)}
+
+    def init(self, table):
+        z = jnp.zeros(table.shape, jnp.float32)
+        return AdamState(z, z, jnp.zeros((), jnp.int32))
+
+    def _corrections(self, state):
+        t = (state.count + 1).astype(jnp.float32)
+        return 1.0 - self.b1**t, 1.0 - self.b2**t
+
+    def hparams(self, state):
+        c1, c2 = self._corrections(state)
+        lr_t = self.learning_rate * jnp.sqrt(c2) / c1
+        eps_t = self.eps * jnp.sqrt(c2)
+        return jnp.stack([lr_t, eps_t, jnp.float32(self.b1), jnp.float32(self.b2)]).astype(
+            jnp.float32
+        )
+
+    def from_kernel_slots(self, state, a, b):
+        return AdamState(a, b, state.count + 1)
+
+    def _rows_update(self, w, slots, g, state):
+        m = self.b1 * slots[0] + (1 - self.b1) * g
+        v = self.b2 * slots[1] + (1 - self.b2) * g * g
+        c1, c2 = self._corrections(state)
+        return w - self.learning_rate * (m / c1) / (jnp.sqrt(v / c2) + self.eps), (m, v)
+
+    def _rebuild(self, state, full):
+        return AdamState(full[0], full[1], state.count + 1)

@@ -1,0 +1,100 @@
+// The sparse gradient of a lookup on the CPU: dedup of the looked-up ids + segment reduction.
+//
+//   row_grads[k] = sum over i with ids[i] == unique_rows[k] of scale[i] * grads[src(i)]
+//
+// where src(i) = segment_ids[i] (pooled lookups: the bag's output gradient) or i (per_id=1:
+// the `none` combiner, or merging duplicate rows of an update). unique_rows is sorted and
+// padded with -1; slots past the capacity are dropped and num_unique tells how many there
+// were. Workers own disjoint ranges of unique rows, so the reduction needs no atomics.
+#include <vector>
+
+#include "cpu_sort.h"
+#include "embark_ffi.h"
+#include "kernels.h"
+
+namespace embark {
+namespace {
+
+template <typename G>
+void Reduce(ffi::ThreadPool& pool, const SortedIds& s, const std::vector<int64_t>& starts,
+            int64_t slots, const G* grads, int64_t d, int64_t num_src,
+            const ffi::AnyBuffer& seg, bool per_id, const float* scale, float* out) {
+  ParallelFor(pool, slots, 64, [&, grads, d, scale, out](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      float* o = out + k * d;
+      for (int64_t j = 0; j < d; ++j) o[j] = 0.0f;
+      for (int64_t t = starts[k]; t < starts[k + 1]; ++t) {
+        int64_t i = s.positions[t];
+        int64_t src = per_id ? i : LoadId(seg, i);
+        if (src < 0 || src >= num_src) continue;
+        if (t + 4 < starts[k + 1]) {
+          int64_t nx = per_id ? s.positions[t + 4] : LoadId(seg, s.positions[t + 4]);
+          if (nx >= 0 && nx < num_src) Prefetch(grads + nx * d);
+        }
+        const G* g = grads + src * d;
+        const float c = scale[i];
+        for (int64_t j = 0; j < d; ++j) o[j] += c * Elem<G>::Load(g, j);
+      }
+    }
+  });
+}
+
+ffi::Error SparseGradImpl(ffi::ThreadPool pool, ffi::AnyBuffer grads, ffi::AnyBuffer ids,
+                          ffi::AnyBuffer seg, ffi::Buffer<ffi::F32> scale,
+                          ffi::Result<ffi::AnyBuffer> unique_rows,
+                          ffi::Result<ffi::Buffer<ffi::F32>> row_grads,
+                          ffi::Result<ffi::Buffer<ffi::S32>> num_unique, int64_t per_id) {
+  auto gd = grads.dimensions();
+  auto rd = row_grads->dimensions();
+  const int64_t n = static_cast<int64_t>(ids.element_count());
+  const int64_t cap = static_cast<int64_t>(unique_rows->element_count());
+  if (gd.size() != 2 || rd.size() != 2 || rd[0] != cap || rd[1] != gd[1]) {
+    return InvalidArgument("sparse_grad expects grads [S, D] and row_grads [C, D]");
+  }
+  if (static_cast<int64_t>(scale.element_count()) != n ||
+      (!per_id && static_cast<int64_t>(seg.element_count()) != n)) {
+    return InvalidArgument("sparse_grad: ids, segment_ids and scale must all be [N]");
+  }
+  if (!IsIdType(ids.element_type()) || unique_rows->element_type() != ids.element_type()) {
+    return InvalidArgument("sparse_grad: ids must be int32/int64 and unique_rows the same type");
+  }
+  SortedIds s = SortValidIds(n, [&ids](int64_t i) { return LoadId(ids, i); });
+  std::vector<int64_t> starts = RunStarts(s.keys);
+  const int64_t u = static_cast<int64_t>(starts.size()) - 1;
+  const int64_t slots = u < cap ? u : cap;
+  bool ids64 = ids.element_type() == ffi::DataType::S64;
+  for (int64_t k = 0; k < cap; ++k) {
+    int64_t v = k < slots ? static_cast<int64_t>(s.keys[starts[k]]) : -1;
+    if (ids64) static_cast<int64_t*>(unique_rows->untyped_data())[k] = v;
+    else static_cast<int32_t*>(unique_rows->untyped_data())[k] = static_cast<int32_t>(v);
+  }
+  float* out = row_grads->typed_data();
+  const int64_t d = gd[1];
+  for (int64_t k = slots * d; k < cap * d; ++k) out[k] = 0.0f;
+  if (grads.element_type() == ffi::DataType::F32) {
+    Reduce(pool, s, starts, slots, static_cast<const float*>(grads.untyped_data()), d, gd[0], seg,
+           per_id != 0, scale.typed_data(), out);
+  } else if (grads.element_type() == ffi::DataType::BF16) {
+    Reduce(pool, s, starts, slots, static_cast<const uint16_t*>(grads.untyped_data()), d, gd[0],
+           seg, per_id != 0, scale.typed_data(), out);
+  } else {
+    return InvalidArgument("sparse_grad: grads must be float32 or bfloat16");
+  }
+  num_unique->typed_data()[0] = static_cast<int32_t>(u);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace embark
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkSparseGradCpu, embark::SparseGradImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::AnyBuffer>()              // grads [S, D]
+                                  .Arg<xla::ffi::AnyBuffer>()              // ids [N]
+                                  .Arg<xla::ffi::AnyBuffer>()              // segment_ids [N]
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // scale [N]
+                                  .Ret<xla::ffi::AnyBuffer>()              // unique_rows [C]
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // row_grads [C, D]
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // num_unique []
+                                  .Attr<int64_t>("per_id"));
