@@ -9,13 +9,18 @@ from embark_jax.ops import reference
 from embark_jax.ops.backend import Backend, current_backend, use_backend
 from embark_jax.ops.lookup import lookup_pool, lookup_pool_backward, unique
 from embark_jax.ops.segment import segment_sum
-from embark_jax.ops.update import merge_duplicate_rows, sparse_update
+from embark_jax.ops.update import (
+    lookup_pool_backward_update,
+    merge_duplicate_rows,
+    sparse_update,
+)
 
 __all__ = [
     "Backend",
     "current_backend",
     "lookup_pool",
     "lookup_pool_backward",
+    "lookup_pool_backward_update",
     "merge_duplicate_rows",
     "reference",
     "segment_sum",

@@ -93,3 +93,30 @@ def sparse_update(table, slot_a, slot_b, rows, grads, hparams, kernel_id: int):
         input_output_aliases={0: 0, 1: 1, 2: 2},
         vmap_method="sequential",
     )(table, slot_a, slot_b, rows, grads, hparams, optimizer=np.int64(kernel_id))
+
+
+def sparse_grad_update(
+    table, slot_a, slot_b, grads, ids, segment_ids, scale, hparams, kernel_id: int, per_id: bool
+):
+    return jax.ffi.ffi_call(
+        "embark_sparse_grad_update",
+        (
+            result_type(table, table.shape, table.dtype),
+            result_type(slot_a, slot_a.shape, jnp.float32),
+            result_type(slot_b, slot_b.shape, jnp.float32),
+            result_type(ids, (), jnp.int32),
+        ),
+        input_output_aliases={0: 0, 1: 1, 2: 2},
+        vmap_method="sequential",
+    )(
+        table,
+        slot_a,
+        slot_b,
+        grads,
+        ids,
+        segment_ids,
+        scale,
+        hparams,
+        optimizer=np.int64(kernel_id),
+        per_id=np.int64(per_id),
+    )

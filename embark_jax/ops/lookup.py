@@ -66,9 +66,9 @@ def lookup_pool(
         and out_dtype in _FLOAT_DTYPES
     )
     if not use_ffi:
-        return reference.lookup_pool(table, ids, segment_ids, num_segments, weights, combiner).astype(
-            out_dtype
-        )
+        return reference.lookup_pool(
+            table, ids, segment_ids, num_segments, weights, combiner
+        ).astype(out_dtype)
     w = jnp.ones(ids.shape, jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32)
     return _lookup_pool_ffi(table, ids, segment_ids, w, num_segments, combiner.value, out_dtype)
 
@@ -100,7 +100,7 @@ def _lp_bwd(num_segments, combiner, out_dtype, res, g):
 _lookup_pool_ffi.defvjp(_lp_fwd, _lp_bwd)
 
 
-def _id_scale(ids, segment_ids, num_segments, weights, combiner, vocab_size):
+def id_scale(ids, segment_ids, num_segments, weights, combiner, vocab_size):
     """Per-id factor d(output)/d(row): w_i / denom(bag_i), 0 for padding."""
     valid = ids >= 0
     if vocab_size is not None:
@@ -149,7 +149,7 @@ def lookup_pool_backward(
     if per_id:
         segment_ids = jnp.arange(ids.shape[0], dtype=jnp.int32)
     num_segments = g.shape[0]
-    scale = _id_scale(ids, jnp.asarray(segment_ids), num_segments, weights, combiner, vocab_size)
+    scale = id_scale(ids, jnp.asarray(segment_ids), num_segments, weights, combiner, vocab_size)
     masked_ids = jnp.where(scale != 0, ids, -1) if vocab_size is not None else ids
     if resolve(backend) is Backend.REFERENCE or g.dtype not in _FLOAT_DTYPES:
         rows, inverse, _, num_unique = reference.unique(masked_ids, capacity)

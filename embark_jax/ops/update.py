@@ -9,9 +9,11 @@ import jax.numpy as jnp
 
 from embark_jax.ops import _ffi, reference
 from embark_jax.ops.backend import Backend, resolve
+from embark_jax.ops.lookup import id_scale, lookup_pool_backward
 from embark_jax.optimizers import SparseOptimizer
+from embark_jax.specs import Combiner
 
-__all__ = ["merge_duplicate_rows", "sparse_update"]
+__all__ = ["lookup_pool_backward_update", "merge_duplicate_rows", "sparse_update"]
 
 
 def merge_duplicate_rows(
@@ -66,3 +68,63 @@ def sparse_update(
         table, slot_a, slot_b, rows, grads, optimizer.hparams(state), optimizer.kernel_id
     )
     return new_table, optimizer.from_kernel_slots(state, a, b)
+
+
+def lookup_pool_backward_update(
+    table: jax.Array,
+    state: Any,
+    output_grads: jax.Array,
+    ids: jax.Array,
+    segment_ids: jax.Array | None,
+    weights: jax.Array | None = None,
+    *,
+    optimizer: SparseOptimizer,
+    combiner: Combiner | str = Combiner.SUM,
+    backend: Backend | str | None = None,
+) -> tuple[jax.Array, Any, jax.Array]:
+    """Backward of `lookup_pool` fused with the optimizer (FBGEMM's fused backward).
+
+    Equivalent to `lookup_pool_backward` followed by `sparse_update`, but each distinct row's
+    gradient is reduced and applied at once, with no `[C, D]` gradient buffer and no capacity
+    (nothing can overflow). Ids >= the table's rows are padding, as in the forward.
+
+    Returns `(table, state, num_unique_rows)`; in place when `table`/`state` are donated.
+    """
+    combiner = Combiner.parse(combiner)
+    ids = jnp.asarray(ids)
+    g = jnp.asarray(output_grads)
+    vocab = table.shape[0]
+    per_id = combiner is Combiner.NONE
+    if per_id:
+        segment_ids = jnp.arange(ids.shape[0], dtype=jnp.int32)
+    segment_ids = jnp.asarray(segment_ids)
+    scale = id_scale(ids, segment_ids, g.shape[0], weights, combiner, vocab)
+    ids = jnp.where(scale != 0, ids, -1)
+    if resolve(backend) is Backend.REFERENCE:
+        n = ids.shape[0]
+        rows, row_grads, _ = lookup_pool_backward(
+            g,
+            ids,
+            segment_ids,
+            weights,
+            capacity=n,
+            combiner=combiner,
+            vocab_size=vocab,
+            backend=backend,
+        )
+        table, state = optimizer.update(table, state, rows, row_grads)
+        return table, state, jnp.sum((rows >= 0).astype(jnp.int32))
+    slot_a, slot_b = optimizer.kernel_slots(table, state)
+    new_table, a, b, num_unique = _ffi.sparse_grad_update(
+        table,
+        slot_a,
+        slot_b,
+        g,
+        ids,
+        segment_ids,
+        scale,
+        optimizer.hparams(state),
+        optimizer.kernel_id,
+        per_id,
+    )
+    return new_table, optimizer.from_kernel_slots(state, a, b), num_unique

@@ -24,6 +24,7 @@ PYBIND11_MODULE(_ffi_cpu, m) {
     d["embark_unique"] = Capsule(EmbarkUniqueCpu);
     d["embark_sparse_grad"] = Capsule(EmbarkSparseGradCpu);
     d["embark_sparse_update"] = Capsule(EmbarkSparseUpdateCpu);
+    d["embark_sparse_grad_update"] = Capsule(EmbarkSparseGradUpdateCpu);
     return d;
   });
 }

@@ -8,6 +8,7 @@
 // were. Workers own disjoint ranges of unique rows, so the reduction needs no atomics.
 #include <vector>
 
+#include "cpu_grad.h"
 #include "cpu_sort.h"
 #include "embark_ffi.h"
 #include "kernels.h"
@@ -21,20 +22,7 @@ void Reduce(ffi::ThreadPool& pool, const SortedIds& s, const std::vector<int64_t
             const ffi::AnyBuffer& seg, bool per_id, const float* scale, float* out) {
   ParallelFor(pool, slots, 64, [&, grads, d, scale, out](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
-      float* o = out + k * d;
-      for (int64_t j = 0; j < d; ++j) o[j] = 0.0f;
-      for (int64_t t = starts[k]; t < starts[k + 1]; ++t) {
-        int64_t i = s.positions[t];
-        int64_t src = per_id ? i : LoadId(seg, i);
-        if (src < 0 || src >= num_src) continue;
-        if (t + 4 < starts[k + 1]) {
-          int64_t nx = per_id ? s.positions[t + 4] : LoadId(seg, s.positions[t + 4]);
-          if (nx >= 0 && nx < num_src) Prefetch(grads + nx * d);
-        }
-        const G* g = grads + src * d;
-        const float c = scale[i];
-        for (int64_t j = 0; j < d; ++j) o[j] += c * Elem<G>::Load(g, j);
-      }
+      AccumulateRun(s, starts, k, grads, d, num_src, seg, per_id, scale, out + k * d);
     }
   });
 }

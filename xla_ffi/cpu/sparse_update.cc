@@ -10,21 +10,17 @@
 // hparams = [lr, eps, b1, b2] with Adam's bias corrections folded into lr and eps by the
 // caller. Rows < 0 or >= V are padding and skipped. Rows must be unique (the Python op
 // merges duplicates first unless told they are unique): workers own disjoint row ranges.
-#include <cmath>
-
+#include "cpu_optim.h"
 #include "embark_ffi.h"
 #include "kernels.h"
 
 namespace embark {
 namespace {
 
-enum Optimizer : int64_t { kSgd = 0, kAdagrad = 1, kRowWiseAdagrad = 2, kAdam = 3 };
-
 template <typename T>
 void Update(ffi::ThreadPool& pool, T* table, float* sa, float* sb, const ffi::AnyBuffer& rows,
             const float* grads, int64_t vocab, int64_t d, int64_t c, int64_t opt,
             const float* hp) {
-  const float lr = hp[0], eps = hp[1], b1 = hp[2], b2 = hp[3];
   ParallelFor(pool, c, 64, [=, &rows](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       if (k + 4 < k1) {
@@ -33,39 +29,7 @@ void Update(ffi::ThreadPool& pool, T* table, float* sa, float* sb, const ffi::An
       }
       int64_t r = LoadId(rows, k);
       if (r < 0 || r >= vocab) continue;
-      T* w = table + r * d;
-      const float* g = grads + k * d;
-      switch (opt) {
-        case kSgd:
-          for (int64_t j = 0; j < d; ++j) Elem<T>::Store(w, j, Elem<T>::Load(w, j) - lr * g[j]);
-          break;
-        case kAdagrad: {
-          float* a = sa + r * d;
-          for (int64_t j = 0; j < d; ++j) {
-            a[j] += g[j] * g[j];
-            Elem<T>::Store(w, j, Elem<T>::Load(w, j) - lr * g[j] / (std::sqrt(a[j]) + eps));
-          }
-          break;
-        }
-        case kRowWiseAdagrad: {
-          float sq = 0.0f;
-          for (int64_t j = 0; j < d; ++j) sq += g[j] * g[j];
-          sa[r] += sq / static_cast<float>(d);
-          const float step = lr / (std::sqrt(sa[r]) + eps);
-          for (int64_t j = 0; j < d; ++j) Elem<T>::Store(w, j, Elem<T>::Load(w, j) - step * g[j]);
-          break;
-        }
-        case kAdam: {
-          float* m = sa + r * d;
-          float* v = sb + r * d;
-          for (int64_t j = 0; j < d; ++j) {
-            m[j] = b1 * m[j] + (1.0f - b1) * g[j];
-            v[j] = b2 * v[j] + (1.0f - b2) * g[j] * g[j];
-            Elem<T>::Store(w, j, Elem<T>::Load(w, j) - lr * m[j] / (std::sqrt(v[j]) + eps));
-          }
-          break;
-        }
-      }
+      ApplyRow(opt, table, sa, sb, r, grads + k * d, d, hp);
     }
   });
 }
@@ -86,24 +50,17 @@ ffi::Error SparseUpdateImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buf
     return InvalidArgument("sparse_update: rows must be int32/int64 [C] matching grads [C, D]");
   }
   if (hparams.element_count() < 4) return InvalidArgument("sparse_update: hparams must be [4]");
-  const int64_t need_a = optimizer == kAdagrad || optimizer == kAdam ? vocab * d
-                         : optimizer == kRowWiseAdagrad ? vocab : 0;
-  const int64_t need_b = optimizer == kAdam ? vocab * d : 0;
-  if (optimizer < kSgd || optimizer > kAdam) return InvalidArgument("sparse_update: bad optimizer");
+  const int64_t need_a = SlotAElements(optimizer, vocab, d);
+  const int64_t need_b = SlotBElements(optimizer, vocab, d);
+  if (!ValidOptimizer(optimizer)) return InvalidArgument("sparse_update: bad optimizer");
   if (static_cast<int64_t>(slot_a.element_count()) < need_a ||
       static_cast<int64_t>(slot_b.element_count()) < need_b) {
     return InvalidArgument("sparse_update: optimizer slots too small for the table");
   }
   // The outputs alias the inputs (input_output_aliases); copy only if XLA did not alias.
-  if (table_out->untyped_data() != table.untyped_data()) {
-    std::memcpy(table_out->untyped_data(), table.untyped_data(), table.size_bytes());
-  }
-  if (slot_a_out->typed_data() != slot_a.typed_data()) {
-    std::memcpy(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes());
-  }
-  if (slot_b_out->typed_data() != slot_b.typed_data()) {
-    std::memcpy(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes());
-  }
+  CopyIfNotAliased(table_out->untyped_data(), table.untyped_data(), table.size_bytes());
+  CopyIfNotAliased(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes());
+  CopyIfNotAliased(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes());
   const float* hp = hparams.typed_data();
   if (table.element_type() == ffi::DataType::F32) {
     Update(pool, static_cast<float*>(table_out->untyped_data()), slot_a_out->typed_data(),
