@@ -55,7 +55,15 @@ def run_demo(
         for f in cfg.features:
             ids, seg, w = sparse.flat(f.name)
             acts.append(
-                ops.lookup_pool(p["tables"][f.table], ids, seg, dense.shape[0], w, f.combiner)
+                ops.lookup_pool(
+                    p["tables"][f.table],
+                    ids,
+                    seg,
+                    dense.shape[0],
+                    w,
+                    f.combiner,
+                    indices_are_sorted=True,
+                )
             )
         x = jnp.concatenate([*acts, dense], axis=1)
         return x @ p["w"] + p["b"]

@@ -208,10 +208,14 @@ def test_ops_under_vmap(rng):
     np.testing.assert_array_equal(u[0][1], reference.unique(ids[1], 30)[0])
 
 
+needs_8_devices = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices")
+
+
 def _mesh():
     return jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
 
 
+@needs_8_devices
 def test_lookup_and_backward_inside_shard_map(rng):
     """Row-sharded table: each device pools its local ids against its own shard; values and
     gradients equal the per-device reference, and the table is never all-gathered."""

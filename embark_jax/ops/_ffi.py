@@ -36,6 +36,25 @@ def _sharding_for(aval, rank: int):
         return sharding
 
 
+def on_gpu() -> bool:
+    """Whether FFI calls traced now lower for the CUDA kernels (sizes their workspaces)."""
+    return jax.default_backend() == "gpu"
+
+
+def _workspace(like, nbytes: int):
+    """An extra uint8 output the CUDA kernels use as scratch (CUDA-graph compatible: no
+    allocation inside the kernel). One byte on the CPU, whose kernels need none."""
+    return result_type(like, (max(int(nbytes), 1) if on_gpu() else 1,), jnp.uint8)
+
+
+def _dedup_workspace(ids):
+    if not on_gpu():
+        return _workspace(ids, 1)
+    from embark_jax import _ffi_cuda
+
+    return _workspace(ids, _ffi_cuda.dedup_workspace_bytes(ids.shape[0], ids.dtype.itemsize))
+
+
 def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int) -> jax.Array:
     values2 = values.reshape(values.shape[0], -1)
     out = jax.ffi.ffi_call(
@@ -49,12 +68,24 @@ def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int) ->
 COMBINER_IDS = {"sum": 0, "mean": 1, "sqrtn": 2, "none": 3}
 
 
-def lookup_pool(table, ids, segment_ids, weights, num_out: int, combiner: str, out_dtype):
-    return jax.ffi.ffi_call(
+def lookup_pool(
+    table, ids, segment_ids, weights, num_out: int, combiner: str, out_dtype, sorted_segments: bool
+):
+    d = table.shape[1]
+    ws = 4 * num_out * (1 if sorted_segments or combiner == "none" else 1 + d)
+    out, _ = jax.ffi.ffi_call(
         "embark_lookup_pool",
-        result_type(ids, (num_out, table.shape[1]), out_dtype),
+        (result_type(ids, (num_out, d), out_dtype), _workspace(ids, ws)),
         vmap_method="sequential",
-    )(table, ids, segment_ids, weights, combiner=np.int64(COMBINER_IDS[combiner]))
+    )(
+        table,
+        ids,
+        segment_ids,
+        weights,
+        combiner=np.int64(COMBINER_IDS[combiner]),
+        indices_are_sorted=np.int64(sorted_segments),
+    )
+    return out
 
 
 def unique(ids, capacity: int):
@@ -65,9 +96,10 @@ def unique(ids, capacity: int):
             result_type(ids, ids.shape, jnp.int32),
             result_type(ids, (capacity,), jnp.int32),
             result_type(ids, (), jnp.int32),
+            _dedup_workspace(ids),
         ),
         vmap_method="sequential",
-    )(ids)
+    )(ids)[:4]
 
 
 def sparse_grad(grads, ids, segment_ids, scale, capacity: int, per_id: bool):
@@ -77,9 +109,10 @@ def sparse_grad(grads, ids, segment_ids, scale, capacity: int, per_id: bool):
             result_type(ids, (capacity,), ids.dtype),
             result_type(ids, (capacity, grads.shape[1]), jnp.float32),
             result_type(ids, (), jnp.int32),
+            _dedup_workspace(ids),
         ),
         vmap_method="sequential",
-    )(grads, ids, segment_ids, scale, per_id=np.int64(per_id))
+    )(grads, ids, segment_ids, scale, per_id=np.int64(per_id))[:3]
 
 
 def sparse_update(table, slot_a, slot_b, rows, grads, hparams, kernel_id: int):
@@ -105,6 +138,7 @@ def sparse_grad_update(
             result_type(slot_a, slot_a.shape, jnp.float32),
             result_type(slot_b, slot_b.shape, jnp.float32),
             result_type(ids, (), jnp.int32),
+            _dedup_workspace(ids),
         ),
         input_output_aliases={0: 0, 1: 1, 2: 2},
         vmap_method="sequential",
@@ -119,4 +153,4 @@ def sparse_grad_update(
         hparams,
         optimizer=np.int64(kernel_id),
         per_id=np.int64(per_id),
-    )
+    )[:4]

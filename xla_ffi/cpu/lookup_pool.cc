@@ -143,7 +143,12 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, ffi::AnyBuffer& table, ffi::AnyBuffer
 
 ffi::Error LookupPoolImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBuffer ids,
                           ffi::AnyBuffer seg, ffi::AnyBuffer weights,
-                          ffi::Result<ffi::AnyBuffer> out, int64_t combiner) {
+                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
+                          int64_t combiner, int64_t indices_are_sorted) {
+  // The workspace is the CUDA kernel's (same target signature); the CPU needs none.
+  // indices_are_sorted is only a hint here: sortedness is checked in O(N) anyway.
+  (void)workspace;
+  (void)indices_are_sorted;
   auto td = table.dimensions();
   auto od = out->dimensions();
   int64_t n = static_cast<int64_t>(ids.element_count());
@@ -186,4 +191,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkLookupPoolCpu, embark::LookupPoolImpl,
                                   .Arg<xla::ffi::AnyBuffer>()  // segment_ids [N]
                                   .Arg<xla::ffi::AnyBuffer>()  // weights [N] f32
                                   .Ret<xla::ffi::AnyBuffer>()  // [S, D] or [N, D]
-                                  .Attr<int64_t>("combiner"));
+                                  .Ret<xla::ffi::AnyBuffer>()  // workspace (CUDA only)
+                                  .Attr<int64_t>("combiner")
+                                  .Attr<int64_t>("indices_are_sorted"));

@@ -31,7 +31,8 @@ ffi::Error SparseGradImpl(ffi::ThreadPool pool, ffi::AnyBuffer grads, ffi::AnyBu
                           ffi::AnyBuffer seg, ffi::Buffer<ffi::F32> scale,
                           ffi::Result<ffi::AnyBuffer> unique_rows,
                           ffi::Result<ffi::Buffer<ffi::F32>> row_grads,
-                          ffi::Result<ffi::Buffer<ffi::S32>> num_unique, int64_t per_id) {
+                          ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
+                          ffi::Result<ffi::AnyBuffer> /*workspace: CUDA only*/, int64_t per_id) {
   auto gd = grads.dimensions();
   auto rd = row_grads->dimensions();
   const int64_t n = static_cast<int64_t>(ids.element_count());
@@ -85,4 +86,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkSparseGradCpu, embark::SparseGradImpl,
                                   .Ret<xla::ffi::AnyBuffer>()              // unique_rows [C]
                                   .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // row_grads [C, D]
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // num_unique []
+                                  .Ret<xla::ffi::AnyBuffer>()              // workspace
                                   .Attr<int64_t>("per_id"));

@@ -53,7 +53,7 @@ ffi::Error SparseGradUpdateImpl(
     ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> hparams,
     ffi::Result<ffi::AnyBuffer> table_out, ffi::Result<ffi::Buffer<ffi::F32>> slot_a_out,
     ffi::Result<ffi::Buffer<ffi::F32>> slot_b_out, ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
-    int64_t optimizer, int64_t per_id) {
+    ffi::Result<ffi::AnyBuffer> /*workspace: CUDA only*/, int64_t optimizer, int64_t per_id) {
   auto td = table.dimensions();
   auto gd = grads.dimensions();
   const int64_t n = static_cast<int64_t>(ids.element_count());
@@ -112,5 +112,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkSparseGradUpdateCpu, embark::SparseGradUpdat
                                   .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // slot a (aliased)
                                   .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // slot b (aliased)
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // num_unique []
+                                  .Ret<xla::ffi::AnyBuffer>()              // workspace
                                   .Attr<int64_t>("optimizer")
                                   .Attr<int64_t>("per_id"));

@@ -10,7 +10,8 @@ namespace {
 ffi::Error UniqueImpl(ffi::AnyBuffer ids, ffi::Result<ffi::AnyBuffer> unique,
                       ffi::Result<ffi::Buffer<ffi::S32>> inverse,
                       ffi::Result<ffi::Buffer<ffi::S32>> counts,
-                      ffi::Result<ffi::Buffer<ffi::S32>> num_unique) {
+                      ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
+                      ffi::Result<ffi::AnyBuffer> /*workspace: CUDA only*/) {
   if (!IsIdType(ids.element_type()) || unique->element_type() != ids.element_type()) {
     return InvalidArgument("unique: ids must be int32 or int64 and unique_ids of the same type");
   }
@@ -46,4 +47,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkUniqueCpu, embark::UniqueImpl,
                                   .Ret<xla::ffi::AnyBuffer>()             // unique_ids [C]
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // inverse [N]
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // counts [C]
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()); // num_unique []
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // num_unique []
+                                  .Ret<xla::ffi::AnyBuffer>());            // workspace

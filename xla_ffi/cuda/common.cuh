@@ -15,7 +15,7 @@ template <typename T>
 struct DevElem;
 template <>
 struct DevElem<float> {
-  static __device__ __forceinline__ float Load(const float* p, int64_t i) { return __ldg(p + i); }
+  static __device__ __forceinline__ float Load(const float* p, int64_t i) { return p[i]; }
   static __device__ __forceinline__ void Store(float* p, int64_t i, float v) { p[i] = v; }
   static __device__ __forceinline__ void AtomicAdd(float* p, int64_t i, float v) {
     atomicAdd(p + i, v);
@@ -37,6 +37,22 @@ struct DevElem<__nv_bfloat16> {
 template <typename I>
 __device__ __forceinline__ int64_t DevLoadId(const I* ids, int64_t i) {
   return static_cast<int64_t>(ids[i]);
+}
+
+// Element i of an int32 or int64 id buffer (a warp-uniform branch).
+__device__ __forceinline__ int64_t DevLoadIdAny(const void* ids, bool ids64, int64_t i) {
+  return ids64 ? static_cast<const int64_t*>(ids)[i]
+               : static_cast<int64_t>(static_cast<const int32_t*>(ids)[i]);
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+inline unsigned GridFor(int64_t work_items, int per_block) {
+  int64_t b = (work_items + per_block - 1) / per_block;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
 }
 
 inline ffi::Error CudaStatus(const char* what) {

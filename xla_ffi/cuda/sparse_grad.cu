@@ -1,0 +1,229 @@
+// The sparse gradient of a lookup on CUDA, and its fusion with the optimizer.
+//
+// Both dedup the ids (CUB sort in the workspace) and give one warp per unique row, which
+// reduces scale[i] * grads[src(i)] over the row's run in registers (128 columns per chunk,
+// coalesced). sparse_grad writes the reduced rows ([C] slots, overflow counted through
+// num_unique); sparse_grad_update applies the optimizer to the table row right away
+// (in place, outputs alias inputs), with no gradient buffer and no capacity.
+#include "dedup.cuh"
+#include "kernels.h"
+#include "optim.cuh"
+
+namespace embark {
+namespace {
+
+constexpr int kR = 4;  // columns per lane per chunk: a chunk is 128 columns
+
+struct GradArgs {
+  const void* grads;
+  bool grads_bf16;
+  const void* seg;
+  bool seg64;
+  bool per_id;
+  const float* scale;
+  int64_t d, num_src;
+};
+
+__device__ __forceinline__ float LoadGrad(const GradArgs& g, int64_t e) {
+  return g.grads_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(g.grads)[e])
+                      : static_cast<const float*>(g.grads)[e];
+}
+
+// Accumulates the 128-column chunk c0 of unique slot k into acc[kR] (lane-strided columns).
+__device__ __forceinline__ void AccumulateChunk(const DedupView& v, const GradArgs& g, int64_t k,
+                                                int64_t c0, float* acc) {
+  const int lane = threadIdx.x & 31;
+  for (int r = 0; r < kR; ++r) acc[r] = 0.0f;
+  const int64_t end = v.run_start[k + 1];
+  for (int64_t t = v.run_start[k]; t < end; ++t) {
+    const int64_t i = v.positions[t];
+    const int64_t src = g.per_id ? i : DevLoadIdAny(g.seg, g.seg64, i);
+    if (src < 0 || src >= g.num_src) continue;
+    const float c = g.scale[i];
+    for (int r = 0; r < kR; ++r) {
+      const int64_t j = c0 + lane + 32 * r;
+      if (j < g.d) acc[r] += c * LoadGrad(g, src * g.d + j);
+    }
+  }
+}
+
+__global__ void SparseGradKernel(DedupView v, bool ids64, GradArgs g, int64_t cap,
+                                 void* unique_rows, float* row_grads) {
+  const int lane = threadIdx.x & 31;
+  const int64_t u = *v.num_unique;
+  const int64_t slots = u < cap ? u : cap;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+       k < cap; k += warps) {
+    if (lane == 0) {
+      const int64_t id = k < slots ? SortedId(v, ids64, v.run_start[k]) : -1;
+      if (ids64) static_cast<int64_t*>(unique_rows)[k] = id;
+      else static_cast<int32_t*>(unique_rows)[k] = static_cast<int32_t>(id);
+    }
+    for (int64_t c0 = 0; c0 < g.d; c0 += 32 * kR) {
+      float acc[kR];
+      if (k < slots) {
+        AccumulateChunk(v, g, k, c0, acc);
+      } else {
+        for (int r = 0; r < kR; ++r) acc[r] = 0.0f;
+      }
+      for (int r = 0; r < kR; ++r) {
+        const int64_t j = c0 + lane + 32 * r;
+        if (j < g.d) row_grads[k * g.d + j] = acc[r];
+      }
+    }
+  }
+}
+
+template <typename T>
+__global__ void SparseGradUpdateKernel(DedupView v, bool ids64, GradArgs g, T* table, float* sa,
+                                       float* sb, int64_t vocab, int64_t opt, const float* hp) {
+  const int lane = threadIdx.x & 31;
+  const Hparams h = LoadHparams(hp);
+  const int64_t u = *v.num_unique;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+       k < u; k += warps) {
+    const int64_t row = SortedId(v, ids64, v.run_start[k]);
+    if (row < 0 || row >= vocab) continue;
+    float step = 0.0f;
+    if (opt == kDevRowWiseAdagrad) {  // needs the whole row's sum of g^2 first
+      float sq = 0.0f;
+      for (int64_t c0 = 0; c0 < g.d; c0 += 32 * kR) {
+        float acc[kR];
+        AccumulateChunk(v, g, k, c0, acc);
+        for (int r = 0; r < kR; ++r) sq += acc[r] * acc[r];
+      }
+      step = RowWiseStep(sa, row, sq, g.d, h);
+    }
+    for (int64_t c0 = 0; c0 < g.d; c0 += 32 * kR) {
+      float acc[kR];
+      AccumulateChunk(v, g, k, c0, acc);
+      for (int r = 0; r < kR; ++r) {
+        const int64_t j = c0 + lane + 32 * r;
+        if (j < g.d) ApplyElem(opt, table, sa, sb, row, j, g.d, acc[r], h, step);
+      }
+    }
+  }
+}
+
+bool CheckGradOperands(const ffi::AnyBuffer& grads, const ffi::AnyBuffer& ids,
+                       const ffi::AnyBuffer& seg, int64_t scale_n, bool per_id) {
+  const int64_t n = static_cast<int64_t>(ids.element_count());
+  return grads.dimensions().size() == 2 && IsFloatType(grads.element_type()) &&
+         IsIdType(ids.element_type()) && scale_n == n &&
+         (per_id || (static_cast<int64_t>(seg.element_count()) == n && IsIdType(seg.element_type())));
+}
+
+GradArgs MakeGradArgs(const ffi::AnyBuffer& grads, const ffi::AnyBuffer& seg, bool per_id,
+                      const float* scale) {
+  return GradArgs{grads.untyped_data(), grads.element_type() == ffi::DataType::BF16,
+                  seg.untyped_data(), seg.element_type() == ffi::DataType::S64, per_id, scale,
+                  grads.dimensions()[1], grads.dimensions()[0]};
+}
+
+ffi::Error SparseGradCudaImpl(cudaStream_t stream, ffi::AnyBuffer grads, ffi::AnyBuffer ids,
+                              ffi::AnyBuffer seg, ffi::Buffer<ffi::F32> scale,
+                              ffi::Result<ffi::AnyBuffer> unique_rows,
+                              ffi::Result<ffi::Buffer<ffi::F32>> row_grads,
+                              ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
+                              ffi::Result<ffi::AnyBuffer> workspace, int64_t per_id) {
+  if (!CheckGradOperands(grads, ids, seg, static_cast<int64_t>(scale.element_count()), per_id) ||
+      unique_rows->element_type() != ids.element_type() ||
+      row_grads->dimensions().size() != 2 || row_grads->dimensions()[1] != grads.dimensions()[1]) {
+    return InvalidArgument("sparse_grad: bad operands");
+  }
+  const bool ids64 = ids.element_type() == ffi::DataType::S64;
+  const int64_t cap = static_cast<int64_t>(unique_rows->element_count());
+  DedupView v;
+  ffi::Error err = RunDedup(stream, ids.untyped_data(), ids64, ids.element_count(),
+                            workspace->untyped_data(), workspace->size_bytes(),
+                            num_unique->typed_data(), &v);
+  if (err.failure()) return err;
+  GradArgs g = MakeGradArgs(grads, seg, per_id != 0, scale.typed_data());
+  SparseGradKernel<<<GridFor(cap, 8), 256, 0, stream>>>(v, ids64, g, cap, unique_rows->untyped_data(),
+                                                        row_grads->typed_data());
+  return CudaStatus("sparse_grad");
+}
+
+ffi::Error SparseGradUpdateCudaImpl(
+    cudaStream_t stream, ffi::AnyBuffer table, ffi::Buffer<ffi::F32> slot_a,
+    ffi::Buffer<ffi::F32> slot_b, ffi::AnyBuffer grads, ffi::AnyBuffer ids, ffi::AnyBuffer seg,
+    ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> hparams,
+    ffi::Result<ffi::AnyBuffer> table_out, ffi::Result<ffi::Buffer<ffi::F32>> slot_a_out,
+    ffi::Result<ffi::Buffer<ffi::F32>> slot_b_out, ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
+    ffi::Result<ffi::AnyBuffer> workspace, int64_t optimizer, int64_t per_id) {
+  auto td = table.dimensions();
+  if (td.size() != 2 || grads.dimensions().size() != 2 || grads.dimensions()[1] != td[1] ||
+      !CheckGradOperands(grads, ids, seg, static_cast<int64_t>(scale.element_count()), per_id) ||
+      optimizer < kDevSgd || optimizer > kDevAdam) {
+    return InvalidArgument("sparse_grad_update: bad operands");
+  }
+  // Outputs alias inputs (input_output_aliases); copy on the stream if XLA did not alias.
+  if (table_out->untyped_data() != table.untyped_data())
+    cudaMemcpyAsync(table_out->untyped_data(), table.untyped_data(), table.size_bytes(),
+                    cudaMemcpyDeviceToDevice, stream);
+  if (slot_a_out->typed_data() != slot_a.typed_data())
+    cudaMemcpyAsync(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes(),
+                    cudaMemcpyDeviceToDevice, stream);
+  if (slot_b_out->typed_data() != slot_b.typed_data())
+    cudaMemcpyAsync(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes(),
+                    cudaMemcpyDeviceToDevice, stream);
+  const bool ids64 = ids.element_type() == ffi::DataType::S64;
+  DedupView v;
+  ffi::Error err = RunDedup(stream, ids.untyped_data(), ids64, ids.element_count(),
+                            workspace->untyped_data(), workspace->size_bytes(),
+                            num_unique->typed_data(), &v);
+  if (err.failure()) return err;
+  GradArgs g = MakeGradArgs(grads, seg, per_id != 0, scale.typed_data());
+  const unsigned grid = GridFor(static_cast<int64_t>(ids.element_count()), 8);
+  if (table.element_type() == ffi::DataType::F32) {
+    SparseGradUpdateKernel<float><<<grid, 256, 0, stream>>>(
+        v, ids64, g, static_cast<float*>(table_out->untyped_data()), slot_a_out->typed_data(),
+        slot_b_out->typed_data(), td[0], optimizer, hparams.typed_data());
+  } else if (table.element_type() == ffi::DataType::BF16) {
+    SparseGradUpdateKernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(
+        v, ids64, g, static_cast<__nv_bfloat16*>(table_out->untyped_data()),
+        slot_a_out->typed_data(), slot_b_out->typed_data(), td[0], optimizer, hparams.typed_data());
+  } else {
+    return InvalidArgument("sparse_grad_update: table must be float32 or bfloat16");
+  }
+  return CudaStatus("sparse_grad_update");
+}
+
+}  // namespace
+}  // namespace embark
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkSparseGradCuda, embark::SparseGradCudaImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
+                                  .Ret<xla::ffi::AnyBuffer>()  // workspace
+                                  .Attr<int64_t>("per_id"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkSparseGradUpdateCuda, embark::SparseGradUpdateCudaImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
+                                  .Ret<xla::ffi::AnyBuffer>()  // workspace
+                                  .Attr<int64_t>("optimizer")
+                                  .Attr<int64_t>("per_id"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});

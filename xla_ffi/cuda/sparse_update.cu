@@ -1,0 +1,88 @@
+// Fused in-place sparse optimizer update on CUDA: one warp per (unique) row, outputs alias
+// the inputs. Rows < 0 or >= V are padding.
+#include "kernels.h"
+#include "optim.cuh"
+
+namespace embark {
+namespace {
+
+template <typename T>
+__global__ void SparseUpdateKernel(T* table, float* sa, float* sb, const void* rows, bool rows64,
+                                   const float* grads, int64_t vocab, int64_t d, int64_t c,
+                                   int64_t opt, const float* hp) {
+  const int lane = threadIdx.x & 31;
+  const Hparams h = LoadHparams(hp);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5); k < c;
+       k += warps) {
+    const int64_t r = DevLoadIdAny(rows, rows64, k);
+    if (r < 0 || r >= vocab) continue;
+    const float* g = grads + k * d;
+    float step = 0.0f;
+    if (opt == kDevRowWiseAdagrad) {
+      float sq = 0.0f;
+      for (int64_t j = lane; j < d; j += 32) sq += g[j] * g[j];
+      step = RowWiseStep(sa, r, sq, d, h);
+    }
+    for (int64_t j = lane; j < d; j += 32) ApplyElem(opt, table, sa, sb, r, j, d, g[j], h, step);
+  }
+}
+
+ffi::Error SparseUpdateCudaImpl(cudaStream_t stream, ffi::AnyBuffer table,
+                                ffi::Buffer<ffi::F32> slot_a, ffi::Buffer<ffi::F32> slot_b,
+                                ffi::AnyBuffer rows, ffi::Buffer<ffi::F32> grads,
+                                ffi::Buffer<ffi::F32> hparams,
+                                ffi::Result<ffi::AnyBuffer> table_out,
+                                ffi::Result<ffi::Buffer<ffi::F32>> slot_a_out,
+                                ffi::Result<ffi::Buffer<ffi::F32>> slot_b_out, int64_t optimizer) {
+  auto td = table.dimensions();
+  auto gd = grads.dimensions();
+  if (td.size() != 2 || gd.size() != 2 || gd[1] != td[1] || !IsIdType(rows.element_type()) ||
+      static_cast<int64_t>(rows.element_count()) != gd[0] || optimizer < kDevSgd ||
+      optimizer > kDevAdam) {
+    return InvalidArgument("sparse_update: bad operands");
+  }
+  if (table_out->untyped_data() != table.untyped_data())
+    cudaMemcpyAsync(table_out->untyped_data(), table.untyped_data(), table.size_bytes(),
+                    cudaMemcpyDeviceToDevice, stream);
+  if (slot_a_out->typed_data() != slot_a.typed_data())
+    cudaMemcpyAsync(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes(),
+                    cudaMemcpyDeviceToDevice, stream);
+  if (slot_b_out->typed_data() != slot_b.typed_data())
+    cudaMemcpyAsync(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes(),
+                    cudaMemcpyDeviceToDevice, stream);
+  const bool rows64 = rows.element_type() == ffi::DataType::S64;
+  const unsigned grid = GridFor(gd[0], 8);
+  if (table.element_type() == ffi::DataType::F32) {
+    SparseUpdateKernel<float><<<grid, 256, 0, stream>>>(
+        static_cast<float*>(table_out->untyped_data()), slot_a_out->typed_data(),
+        slot_b_out->typed_data(), rows.untyped_data(), rows64, grads.typed_data(), td[0], td[1],
+        gd[0], optimizer, hparams.typed_data());
+  } else if (table.element_type() == ffi::DataType::BF16) {
+    SparseUpdateKernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(
+        static_cast<__nv_bfloat16*>(table_out->untyped_data()), slot_a_out->typed_data(),
+        slot_b_out->typed_data(), rows.untyped_data(), rows64, grads.typed_data(), td[0], td[1],
+        gd[0], optimizer, hparams.typed_data());
+  } else {
+    return InvalidArgument("sparse_update: table must be float32 or bfloat16");
+  }
+  return CudaStatus("sparse_update");
+}
+
+}  // namespace
+}  // namespace embark
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkSparseUpdateCuda, embark::SparseUpdateCudaImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Attr<int64_t>("optimizer"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
