@@ -1,0 +1,156 @@
+"""What every cluster shares: the per-device view of a group, feature requests, and the
+generic forward / two-phase backward built from a cluster's route, owner, combine and update.
+
+A cluster runs per device inside `shard_map` over all mesh axes:
+
+  route(batch)                 -> residuals (routing arrays), overflow per table
+  owner(buffer, residuals)     -> what this device computes from its shards (differentiable)
+  combine(owner_out, res)      -> per-feature outputs; includes the collectives; linear
+  update(buffer, state, res, g_owner, optimizer) -> the owner's fused sparse update
+
+The forward is `combine(owner(buffer))`; `jax.grad` flows through it. The two-phase
+backward maps output gradients to `g_owner` with the VJP of the linear `combine` and hands
+them to `update`, so no dense `[V, d]` gradient is ever built for sharded tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from embark_jax import ops
+from embark_jax.lowering import Group, Lowered
+from embark_jax.optimizers import SparseOptimizer
+from embark_jax.specs import Combiner, FeatureConfig
+
+__all__ = ["ClusterBase", "FeatureInput", "Options"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Static settings of the routing: hierarchical RB on a 2-D mesh, default capacity factor."""
+
+    hierarchical: bool = True
+    capacity_factor: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureInput:
+    """One feature's local ids as flat arrays (`SparseFeatures.flat` on the local batch)."""
+
+    ids: jax.Array  # [b * H]
+    seg: jax.Array  # [b * H], sample of each slot (sorted)
+    weights: jax.Array  # [b * H] float32 (ones when unweighted)
+    hotness: int
+
+
+def feature_inputs(lowered: Lowered, group: Group, batch) -> dict[str, FeatureInput]:
+    out = {}
+    for f in lowered.features_of(group):
+        ids, seg, w = batch.flat(f.name)
+        w = jnp.ones(ids.shape, jnp.float32) if w is None else w.astype(jnp.float32)
+        out[f.name] = FeatureInput(ids, seg, jnp.where(ids >= 0, w, 0.0), batch.hotness(f.name))
+    return out
+
+
+class ClusterBase:
+    """Static per-group metadata plus the generic forward / backward."""
+
+    def __init__(
+        self,
+        lowered: Lowered,
+        group: Group,
+        local_batch: int,
+        hotness: Mapping[str, int],
+        options: Options,
+    ):
+        self.lowered = lowered
+        self.group = group
+        self.b = local_batch
+        self.hotness = dict(hotness)
+        self.options = options
+        self.features: tuple[FeatureConfig, ...] = lowered.features_of(group)
+        self.table_names = tuple(group.tables)
+        self.num_devices = lowered.num_devices
+        self.axis_names = lowered.axis_names
+        self.width = group.width
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def plan_of(self, table: str):
+        return self.lowered.plan.table(table)
+
+    def placement(self, table: str) -> tuple[np.ndarray, np.ndarray]:
+        tp = self.plan_of(table)
+        return self.group.placement(table, tp.column_shards, tp.row_shards)
+
+    def table_index(self, table: str) -> int:
+        return self.table_names.index(table)
+
+    def output_shape(self, f: FeatureConfig) -> tuple[int, ...]:
+        d = self.lowered.table(f.table).dim
+        return (self.b, self.hotness[f.name], d) if f.combiner is Combiner.NONE else (self.b, d)
+
+    @staticmethod
+    def denominator(fi: FeatureInput, b: int, combiner: Combiner) -> jax.Array:
+        """Per-sample divisor of a pooled combiner (1 for sum), computed on the requester."""
+        if combiner in (Combiner.SUM, Combiner.NONE):
+            return jnp.ones((b,), jnp.float32)
+        return ops.reference.pool_denominator(fi.ids, fi.seg, b, fi.weights, combiner)
+
+    @staticmethod
+    def apply_denominator(pooled: jax.Array, denom: jax.Array) -> jax.Array:
+        safe = jnp.where(denom > 0, denom, 1.0)
+        return jnp.where((denom > 0)[:, None], pooled / safe[:, None], 0.0)
+
+    # --- to be provided by each cluster ------------------------------------------------
+
+    def route(self, batch) -> tuple[dict[str, Any], jax.Array]:
+        raise NotImplementedError
+
+    def owner(self, buffer: jax.Array, res: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def combine(self, owner_out: Any, res: dict[str, Any]) -> dict[str, jax.Array]:
+        raise NotImplementedError
+
+    def update(self, buffer, state, res, g_owner, optimizer: SparseOptimizer):
+        raise NotImplementedError
+
+    def owner_out_zeros(self, buffer: jax.Array, res: dict[str, Any]) -> Any:
+        """Zeros shaped like `owner(buffer, res)`, varying over the mesh like it."""
+        shape = jax.eval_shape(self.owner, buffer, res)
+        return jax.tree.map(
+            lambda s: jax.lax.pcast(
+                jnp.zeros(s.shape, s.dtype), tuple(self.axis_names), to="varying"
+            ),
+            shape,
+        )
+
+    # --- generic forward and two-phase backward ---------------------------------------
+
+    def forward(self, buffer: jax.Array, batch) -> tuple[dict[str, jax.Array], dict, jax.Array]:
+        res, overflow = self.route(batch)
+        return self.combine(self.owner(buffer, res), res), res, overflow
+
+    def backward_update(self, buffer, state, res, output_grads, optimizer: SparseOptimizer):
+        """Routes output gradients to the owners (VJP of the linear combine, evaluated at
+        zeros: no forward recomputation is needed) and applies the fused sparse update."""
+        zeros = self.owner_out_zeros(buffer, res)
+        grads = {f.name: output_grads[f.name] for f in self.features}
+        _, vjp = jax.vjp(lambda o: self.combine(o, res), zeros)
+        (g_owner,) = vjp(grads)
+        return self.update(buffer, state, res, g_owner, optimizer)
+
+    def owner_sparse_update(self, buffer, state, rows, seg, weights, g, optimizer, combiner):
+        """The owner side of RB and UB: one fused backward + optimizer call over every
+        request this device received (duplicates across sources are merged)."""
+        table, state, _ = ops.lookup_pool_backward_update(
+            buffer, state, g, rows, seg, weights, optimizer=optimizer, combiner=combiner
+        )
+        return table, state

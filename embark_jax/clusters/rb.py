@@ -1,0 +1,181 @@
+"""Reduction-based cluster: ids go to the row shard that owns them (id % r) in every column
+slice; owners pool their ids per (source, sample, feature) into one partial vector; partial
+vectors return and are summed over row shards; column slices are concatenated.
+
+On a `("node", "local")` mesh the return path is hierarchical: partial vectors are first
+summed inside each node (all-to-all over "local"), then exchanged across nodes only between
+devices of the same local rank (all-to-all over "node"): the inter-node volume no longer
+grows with the number of row shards per node.
+
+Owner-side bags: each device serves a static list of (feature, column slice) "slots"; a
+request's bag is `slot * b + sample`, and the owner pools into `[G sources, S slots, b]`.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from embark_jax import ops, routing
+from embark_jax.clusters.base import ClusterBase, feature_inputs
+from embark_jax.specs import Combiner
+
+__all__ = ["RBCluster"]
+
+
+class RBCluster(ClusterBase):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        g_count = self.num_devices
+        # served[dst] = ordered (feature, k) slots a device pools for
+        self.served: list[list[tuple[str, int]]] = [[] for _ in range(g_count)]
+        for f in self.features:
+            dev, _ = self.placement(f.table)
+            for k in range(dev.shape[0]):
+                for j in range(dev.shape[1]):
+                    self.served[int(dev[k, j])].append((f.name, k))
+        self.slots = max(1, max(len(s) for s in self.served))
+        self.slot_of = {
+            (f, k, d): i for d, s in enumerate(self.served) for i, (f, k) in enumerate(s)
+        }
+        # bucket capacity: worst over destinations of the sum of per-slot capacities
+        per_dst = [0] * g_count
+        for f in self.features:
+            tp = self.plan_of(f.table)
+            dev, _ = self.placement(f.table)
+            n = self.b * self.hotness[f.name]
+            cap = routing.bucket_capacity(
+                n / tp.row_shards,
+                n,
+                tp.capacity_factor or self.options.capacity_factor,
+                tp.row_shards,
+            )
+            for d in dev.reshape(-1):
+                per_dst[int(d)] += cap
+        self.capacity = max(1, max(per_dst))
+        topo = self.lowered.plan.topology
+        self.hier = self.options.hierarchical and topo.num_nodes > 1
+        if self.hier:
+            n_nodes, local = topo.num_nodes, topo.devices_per_node
+            self.node_served: list[list[tuple[str, int]]] = [[] for _ in range(n_nodes)]
+            for d in range(g_count):
+                for fk in self.served[d]:
+                    node = d // local
+                    if fk not in self.node_served[node]:
+                        self.node_served[node].append(fk)
+            self.node_slots = max(1, max(len(s) for s in self.node_served))
+            # owner slot -> node slot, per device (-1: padding slot)
+            table = np.full((g_count, self.slots), -1, np.int32)
+            for d in range(g_count):
+                for i, fk in enumerate(self.served[d]):
+                    table[d, i] = self.node_served[d // local].index(fk)
+            self.owner_to_node_slot = table
+
+    # --- routing ---------------------------------------------------------------------
+
+    def route(self, batch):
+        dsts, rows, bags, ws, tidx = [], [], [], [], []
+        res = {"denom": {}}
+        for name, fi in feature_inputs(self.lowered, self.group, batch).items():
+            f = self.lowered.config.feature_by_name[name]
+            tp = self.plan_of(f.table)
+            dev, off = self.placement(f.table)
+            slot = np.vectorize(lambda k, j, _n=name, _d=dev: self.slot_of[(_n, k, int(_d[k, j]))])(
+                *np.indices(dev.shape)
+            ).astype(np.int32)
+            valid = fi.ids >= 0
+            j = jnp.where(valid, fi.ids % tp.row_shards, 0)
+            local_row = fi.ids // tp.row_shards
+            for k in range(tp.column_shards):
+                dsts.append(jnp.where(valid, jnp.asarray(dev[k])[j], -1))
+                rows.append(jnp.asarray(off[k])[j] + local_row)
+                bags.append(jnp.asarray(slot[k])[j] * self.b + fi.seg)
+                ws.append(fi.weights)
+                tidx.append(jnp.full(fi.ids.shape, self.table_index(f.table), jnp.int32))
+            res["denom"][name] = self.denominator(fi, self.b, f.combiner)
+        dst = jnp.concatenate(dsts)
+        send, _, dropped = routing.bucket(
+            dst,
+            self.num_devices,
+            self.capacity,
+            {
+                "row": (jnp.concatenate(rows), -1),
+                "bag": (jnp.concatenate(bags), 0),
+                "w": (jnp.concatenate(ws), 0.0),
+            },
+        )
+        recv = {k: routing.exchange(v, self.axis_names) for k, v in send.items()}
+        src = jnp.arange(self.num_devices, dtype=jnp.int32)[:, None]
+        seg = jnp.where(recv["row"] >= 0, src * (self.slots * self.b) + recv["bag"], -1)
+        res.update(rows=recv["row"].reshape(-1), seg=seg.reshape(-1), w=recv["w"].reshape(-1))
+        overflow = ops.segment_sum(
+            dropped.astype(jnp.int32),
+            jnp.concatenate(tidx),
+            len(self.table_names),
+            backend="reference",
+        )
+        return res, overflow
+
+    # --- owner: pool per (source, slot, sample) -----------------------------------------
+
+    def owner(self, buffer, res):
+        n_seg = self.num_devices * self.slots * self.b
+        pooled = ops.lookup_pool(buffer, res["rows"], res["seg"], n_seg, res["w"], "sum")
+        return pooled.reshape(self.num_devices, self.slots, self.b, self.width)
+
+    # --- return path ---------------------------------------------------------------------
+
+    def combine(self, owner_out, res):
+        if self.hier:
+            return self._combine_hierarchical(owner_out, res)
+        recv = routing.exchange(owner_out, self.axis_names)  # [G src, S, b, w]
+        out = {}
+        for f in self.features:
+            dev, _ = self.placement(f.table)
+            cols = []
+            for k in range(dev.shape[0]):
+                idx_d = dev[k]
+                idx_s = np.array([self.slot_of[(f.name, k, int(d))] for d in idx_d])
+                cols.append(jnp.sum(recv[idx_d, idx_s], axis=0))
+            out[f.name] = self._finish(f, cols, res)
+        return out
+
+    def _combine_hierarchical(self, owner_out, res):
+        topo = self.lowered.plan.topology
+        n_nodes, local = topo.num_nodes, topo.devices_per_node
+        me = routing.device_index(self.axis_names)
+        to_node = jnp.take(jnp.asarray(self.owner_to_node_slot), me, axis=0)  # [S]
+        # [G req, S, b, w] -> [L req-local, N req-node, S_node, b, w], summing my slots
+        x = owner_out.reshape(n_nodes, local, self.slots, self.b, self.width)
+        x = jnp.transpose(x, (1, 0, 2, 3, 4))
+        target = jnp.where(to_node >= 0, to_node, self.node_slots)
+        z = jnp.zeros((local, n_nodes, self.node_slots + 1, self.b, self.width), x.dtype)
+        z = z.at[:, :, target].add(x)[:, :, : self.node_slots]
+        # intra-node: gather the partials for my local rank from every device of my node
+        intra = routing.exchange(z, self.axis_names[1]).sum(axis=0)  # [N req-node, S_node, b, w]
+        # inter-node: exchange only with the same local rank of every node
+        recv = routing.exchange(intra, self.axis_names[0])  # [N src-node, S_node, b, w]
+        out = {}
+        for f in self.features:
+            dev, _ = self.placement(f.table)
+            cols = []
+            for k in range(dev.shape[0]):
+                nodes = sorted({int(d) // local for d in dev[k]})
+                idx_s = np.array([self.node_served[n].index((f.name, k)) for n in nodes])
+                cols.append(jnp.sum(recv[np.array(nodes), idx_s], axis=0))
+            out[f.name] = self._finish(f, cols, res)
+        return out
+
+    def _finish(self, f, cols, res):
+        pooled = jnp.concatenate(cols, axis=-1)
+        if f.combiner in (Combiner.MEAN, Combiner.SQRTN):
+            pooled = self.apply_denominator(pooled, res["denom"][f.name])
+        return pooled
+
+    # --- owner update ------------------------------------------------------------------
+
+    def update(self, buffer, state, res, g_owner, optimizer):
+        g = g_owner.reshape(-1, self.width)
+        return self.owner_sparse_update(
+            buffer, state, res["rows"], res["seg"], res["w"], g, optimizer, Combiner.SUM
+        )

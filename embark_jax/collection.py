@@ -1,0 +1,300 @@
+"""`EmbeddingCollection`: the public entry point, a thin Flax NNX module over a functional
+core (`lookup`, `apply_gradients`) that runs each cluster under `jax.shard_map`.
+
+Inputs are the global batch as `SparseFeatures` (sharded over the mesh by sample); outputs
+are per-feature `[B, dim]` (pooled) or `[B, max_hotness, dim]` (`none`) arrays sharded the
+same way. Training is two-phase (DESIGN.md §8): `lookup` also returns routing residuals, the
+dense model produces gradients for the outputs, and `apply_gradients` routes them to the
+owners and applies the fused sparse optimizer. Plain `jax.grad` through `lookup_fn` works too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from embark_jax.clusters import CLUSTERS, ClusterBase, Options
+from embark_jax.lowering import Lowered, lower
+from embark_jax.optimizers import SparseOptimizer
+from embark_jax.plan import Plan
+from embark_jax.sparse import SparseFeatures
+from embark_jax.specs import EmbeddingConfig, FeatureConfig, TableConfig
+
+__all__ = [
+    "CapacityOverflowError",
+    "EmbeddingCollection",
+    "EmbeddingOptState",
+    "EmbeddingTable",
+    "apply_gradients_fn",
+    "lookup_fn",
+]
+
+
+class CapacityOverflowError(RuntimeError):
+    """Ids did not fit a routing or dedup capacity (strict mode)."""
+
+
+class EmbeddingTable(nnx.Param):
+    """A stacked `[G, rows_per_device, width]` buffer of embedding shards."""
+
+
+class EmbeddingOptState(nnx.Variable):
+    """Sparse optimizer slots of one stacked buffer (leading device axis)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _clusters(
+    lowered: Lowered, local_batch: int, hotness: tuple[tuple[str, int], ...], options: Options
+) -> dict[str, ClusterBase]:
+    hot = dict(hotness)
+    return {
+        g.name: CLUSTERS[g.cluster](lowered, g, local_batch, hot, options) for g in lowered.groups
+    }
+
+
+def _clusters_for(lowered: Lowered, batch: SparseFeatures, options: Options):
+    g = lowered.num_devices
+    b = batch.batch_size
+    if b % g:
+        raise ValueError(f"batch size {b} is not divisible by the {g} devices of the plan")
+    hot = tuple(sorted((n, batch.hotness(n)) for n in batch.feature_names))
+    return _clusters(lowered, b // g, hot, options)
+
+
+def _check_batch(lowered: Lowered, batch: SparseFeatures) -> None:
+    want = {f.name for f in lowered.config.features}
+    got = set(batch.feature_names)
+    if want != got:
+        raise ValueError(
+            f"batch features {sorted(got)} do not match the collection's {sorted(want)}"
+        )
+
+
+def lookup_fn(
+    lowered: Lowered,
+    mesh: jax.sharding.Mesh,
+    options: Options,
+    buffers: Mapping[str, jax.Array],
+    batch: SparseFeatures,
+):
+    """Functional lookup: `(outputs, residuals, overflow)`.
+
+    `outputs[feature]` is `[B, d]` or `[B, H, d]`; `residuals` are the routing arrays the
+    backward needs (per device); `overflow` is `[num_tables]` int32, summed over devices,
+    in `lowered.plan.tables` order. Differentiable wrt `buffers`.
+    """
+    _check_batch(lowered, batch)
+    clusters = _clusters_for(lowered, batch, options)
+    spec = lowered.spec
+    names = [t.name for t in lowered.plan.tables]
+
+    def body(bufs, local_batch):
+        outputs, residuals = {}, {}
+        overflow = jnp.zeros((len(names),), jnp.int32)
+        for gname, cl in clusters.items():
+            out, res, ov = cl.forward(bufs[gname][0], local_batch)
+            outputs.update(out)
+            residuals[gname] = jax.tree.map(lambda x: x[None], res)
+            idx = np.array([names.index(t) for t in cl.table_names])
+            overflow = overflow.at[idx].add(ov)
+        return outputs, residuals, jax.lax.psum(overflow, lowered.axis_names)
+
+    run = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec, P()))
+    return run(dict(buffers), batch)
+
+
+def apply_gradients_fn(
+    lowered: Lowered,
+    mesh: jax.sharding.Mesh,
+    options: Options,
+    buffers,
+    states,
+    residuals,
+    output_grads,
+    optimizer: SparseOptimizer,
+    batch_like: SparseFeatures,
+):
+    """Functional two-phase backward: returns the updated `(buffers, states)`."""
+    clusters = _clusters_for(lowered, batch_like, options)
+    spec = lowered.spec
+
+    def body(bufs, sts, res, grads):
+        new_b, new_s = {}, {}
+        for gname, cl in clusters.items():
+            local_state = jax.tree.map(lambda x: x[0], sts[gname])
+            r = jax.tree.map(lambda x: x[0], res[gname])
+            b, s = cl.backward_update(bufs[gname][0], local_state, r, grads, optimizer)
+            new_b[gname] = b[None]
+            new_s[gname] = jax.tree.map(lambda x: x[None], s)
+        return new_b, new_s
+
+    run = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec, spec), out_specs=(spec, spec))
+    return run(dict(buffers), dict(states), residuals, dict(output_grads))
+
+
+@functools.lru_cache(maxsize=32)
+def _jit_lookup(lowered: Lowered, mesh, options: Options):
+    return jax.jit(functools.partial(lookup_fn, lowered, mesh, options))
+
+
+@functools.lru_cache(maxsize=32)
+def _jit_apply(lowered: Lowered, mesh, options: Options, optimizer: SparseOptimizer):
+    def run(buffers, states, residuals, output_grads, batch_like):
+        return apply_gradients_fn(
+            lowered, mesh, options, buffers, states, residuals, output_grads, optimizer, batch_like
+        )
+
+    # The tables and slots are donated: the fused kernels update them in place.
+    return jax.jit(run, donate_argnums=(0, 1))
+
+
+@dataclasses.dataclass
+class LookupResult:
+    outputs: dict[str, jax.Array]
+    residuals: Any
+    overflow: dict[str, jax.Array]
+
+
+class EmbeddingCollection(nnx.Module):
+    """Embedding tables sharded by a `Plan` over a mesh, looked up as clusters.
+
+    Arguments:
+      tables, features: the `TableConfig`s and `FeatureConfig`s.
+      plan: where every shard lives (`embark_jax.plan.Plan`).
+      mesh: from `plan.make_mesh()`; a `("node", "local")` mesh enables hierarchical RB.
+      rngs: `nnx.Rngs` for the table initialisers.
+      hierarchical: hierarchical RB on a 2-D mesh (default True).
+      capacity_factor: default routing capacity factor for row-sharded tables.
+      strict: raise `CapacityOverflowError` when ids overflow a capacity (checked whenever
+        the counts are concrete, i.e. outside `jax.jit`; inside, call `check_overflow`).
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableConfig],
+        features: Sequence[FeatureConfig],
+        plan: Plan,
+        mesh: jax.sharding.Mesh,
+        *,
+        rngs: nnx.Rngs,
+        hierarchical: bool = True,
+        capacity_factor: float | None = None,
+        strict: bool = False,
+    ):
+        self.config = EmbeddingConfig.create(tables, features)
+        self.lowered = lower(plan, self.config)
+        self.mesh = mesh
+        self.options = Options(hierarchical=hierarchical, capacity_factor=capacity_factor)
+        self.strict = strict
+        if tuple(mesh.axis_names) != plan.axis_names:
+            raise ValueError(
+                f"mesh axes {mesh.axis_names} != plan axes {plan.axis_names}; "
+                "build the mesh with plan.make_mesh()"
+            )
+        key = rngs.params()
+        full = {
+            t.name: np.asarray(t.init(jax.random.fold_in(key, i)))
+            for i, t in enumerate(self.config.tables)
+        }
+        self.buffers = nnx.Dict(
+            {
+                g.name: EmbeddingTable(
+                    jax.device_put(self.lowered.stack(full, g), self.lowered.sharding(mesh))
+                )
+                for g in self.lowered.groups
+            }
+        )
+        self.opt_state = nnx.Dict({})
+        self.optimizer: SparseOptimizer | None = None
+
+    # --- state -------------------------------------------------------------------------
+
+    def buffer_values(self) -> dict[str, jax.Array]:
+        return {k: v.get_value() for k, v in self.buffers.items()}
+
+    def init_optimizer(self, optimizer: SparseOptimizer) -> None:
+        """Creates the optimizer slots of every buffer (sharded like the buffers)."""
+        self.optimizer = optimizer
+        sharding = self.lowered.sharding(self.mesh)
+        for name, buf in self.buffers.items():
+            state = jax.jit(jax.vmap(optimizer.init))(buf.get_value())
+            self.opt_state[name] = EmbeddingOptState(jax.device_put(state, sharding))
+
+    def full_tables(self) -> dict[str, np.ndarray]:
+        """Table name -> numpy `[vocab_size, dim]`, gathered from the shards."""
+        return self.lowered.unstack({k: np.asarray(v) for k, v in self.buffer_values().items()})
+
+    def load_tables(self, tables: Mapping[str, np.ndarray]) -> None:
+        """Replaces the contents of the given tables (e.g. pretrained embeddings)."""
+        full = self.full_tables()
+        for name, value in tables.items():
+            want = full[name].shape
+            if tuple(np.shape(value)) != want:
+                raise ValueError(f"table {name!r}: shape {np.shape(value)} != {want}")
+            full[name] = np.asarray(value)
+        for g in self.lowered.groups:
+            self.buffers[g.name].set_value(
+                jax.device_put(self.lowered.stack(full, g), self.lowered.sharding(self.mesh))
+            )
+
+    # --- lookups -----------------------------------------------------------------------
+
+    def shard_batch(self, batch: SparseFeatures) -> SparseFeatures:
+        """Places a host batch on the mesh, split by sample."""
+        return jax.device_put(batch, self.lowered.sharding(self.mesh))
+
+    def lookup(self, batch: SparseFeatures) -> LookupResult:
+        """Outputs plus the routing residuals for `apply_gradients`, and overflow counts."""
+        _check_batch(self.lowered, batch)
+        outputs, residuals, overflow = _jit_lookup(self.lowered, self.mesh, self.options)(
+            self.buffer_values(), batch
+        )
+        counts = {t.name: overflow[i] for i, t in enumerate(self.lowered.plan.tables)}
+        if self.strict:
+            self.check_overflow(counts)
+        return LookupResult(outputs, residuals, counts)
+
+    def __call__(self, batch: SparseFeatures) -> dict[str, jax.Array]:
+        return self.lookup(batch).outputs
+
+    @staticmethod
+    def check_overflow(counts: Mapping[str, Any]) -> None:
+        """Raises `CapacityOverflowError` if any table dropped ids (concrete counts only)."""
+        if any(isinstance(v, jax.core.Tracer) for v in counts.values()):
+            return
+        bad = {k: int(v) for k, v in counts.items() if int(v) > 0}
+        if bad:
+            raise CapacityOverflowError(
+                f"ids overflowed routing/dedup capacities (ids dropped per table): {bad}; raise "
+                "the tables' capacity_factor / unique_capacity (see embark_jax.capacity)"
+            )
+
+    def apply_gradients(
+        self,
+        result: LookupResult,
+        output_grads: Mapping[str, jax.Array],
+        batch: SparseFeatures,
+        optimizer: SparseOptimizer | None = None,
+    ) -> None:
+        """Routes `output_grads` (per feature, shaped like the outputs) to the owners and
+        applies the fused sparse optimizer in place."""
+        optimizer = optimizer or self.optimizer
+        if optimizer is None:
+            raise ValueError("no optimizer: pass one or call init_optimizer first")
+        if self.optimizer is not optimizer or not self.opt_state:
+            self.init_optimizer(optimizer)
+        states = {k: v.get_value() for k, v in self.opt_state.items()}
+        new_b, new_s = _jit_apply(self.lowered, self.mesh, self.options, optimizer)(
+            self.buffer_values(), states, result.residuals, dict(output_grads), batch
+        )
+        for k in new_b:
+            self.buffers[k].set_value(new_b[k])
+            self.opt_state[k].set_value(new_s[k])

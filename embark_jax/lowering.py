@@ -1,0 +1,185 @@
+"""Lowering a plan to arrays and shardings, in exactly one place.
+
+Shards with the same (cluster, column width, dtype) are stacked per device into one buffer of
+shape `[G, rows_per_device, width]`, sharded on axis 0 over all mesh axes: device g holds
+`buffer[g]`, the concatenation of its shards, each at a static row offset. A dp table has one
+replica per device at the same offset everywhere. Nothing else in embark_jax builds
+shardings for tables; modules ask the `Lowered` object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from embark_jax.plan import Cluster, Plan
+from embark_jax.specs import EmbeddingConfig, FeatureConfig, TableConfig
+
+__all__ = ["Group", "Lowered", "Shard", "lower", "shard_rows"]
+
+
+def shard_rows(vocab: int, row_shards: int, j: int) -> int:
+    """Rows of row shard j: the ids j, j + r, j + 2r, ... below vocab."""
+    return (vocab - j + row_shards - 1) // row_shards
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    table: str
+    k: int  # column slice
+    j: int  # row shard (dp: the replica's device)
+    device: int
+    rows: int
+    row_offset: int
+    col_start: int
+    width: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """One stacked buffer: all shards of one (cluster, width, dtype)."""
+
+    name: str
+    cluster: Cluster
+    width: int
+    dtype: str
+    rows_per_device: int
+    tables: tuple[str, ...]
+    shards: tuple[Shard, ...]
+
+    def shard(self, table: str, k: int, j: int) -> Shard:
+        for s in self.shards:
+            if s.table == table and s.k == k and s.j == j:
+                return s
+        raise KeyError((table, k, j))
+
+    def placement(self, table: str, c: int, r: int) -> tuple[np.ndarray, np.ndarray]:
+        """`(device [c, r], row_offset [c, r])` of a table's shards in this group."""
+        dev = np.zeros((c, r), np.int32)
+        off = np.zeros((c, r), np.int32)
+        for s in self.shards:
+            if s.table == table:
+                dev[s.k, s.j] = s.device
+                off[s.k, s.j] = s.row_offset
+        return dev, off
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowered:
+    plan: Plan
+    config: EmbeddingConfig
+    groups: tuple[Group, ...]
+
+    @property
+    def num_devices(self) -> int:
+        return self.plan.topology.num_devices
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return self.plan.axis_names
+
+    @property
+    def spec(self) -> P:
+        """PartitionSpec of a stacked buffer (and of the batch): axis 0 over every mesh axis."""
+        return P(self.axis_names)
+
+    def sharding(self, mesh: jax.sharding.Mesh) -> NamedSharding:
+        return NamedSharding(mesh, self.spec)
+
+    def group_of(self, table: str) -> Group:
+        for g in self.groups:
+            if table in g.tables:
+                return g
+        raise KeyError(table)
+
+    def features_of(self, group: Group) -> tuple[FeatureConfig, ...]:
+        return tuple(f for f in self.config.features if f.table in group.tables)
+
+    def table(self, name: str) -> TableConfig:
+        return self.config.table_by_name[name]
+
+    # --- host-side assembly (init, full_tables, gradients) -------------------------------
+
+    def stack(self, tables: Mapping[str, np.ndarray], group: Group) -> np.ndarray:
+        """Full tables -> the group's `[G, rows_per_device, width]` buffer (host numpy)."""
+        buf = np.zeros(
+            (self.num_devices, group.rows_per_device, group.width), dtype=jnp.dtype(group.dtype)
+        )
+        for s in group.shards:
+            tp = self.plan.table(s.table)
+            full = np.asarray(tables[s.table])
+            part = full[s.j if tp.cluster is not Cluster.DP else 0 :: tp.row_shards]
+            buf[s.device, s.row_offset : s.row_offset + s.rows] = part[
+                :, s.col_start : s.col_start + s.width
+            ]
+        return buf
+
+    def unstack(
+        self, buffers: Mapping[str, np.ndarray], *, replicas: str = "first"
+    ) -> dict[str, np.ndarray]:
+        """Group buffers -> full `[V, d]` tables. `replicas`: how dp replicas combine,
+        `first` (they are identical: values) or `sum` (per-replica gradients)."""
+        out: dict[str, np.ndarray] = {}
+        for group in self.groups:
+            buf = np.asarray(buffers[group.name])
+            for s in group.shards:
+                tp = self.plan.table(s.table)
+                t = self.table(s.table)
+                if s.table not in out:
+                    out[s.table] = np.zeros((t.vocab_size, t.dim), buf.dtype)
+                part = buf[s.device, s.row_offset : s.row_offset + s.rows]
+                if tp.cluster is Cluster.DP:
+                    if replicas == "sum":
+                        out[s.table] += part
+                    elif s.device == 0:
+                        out[s.table][:] = part
+                    continue
+                out[s.table][s.j :: tp.row_shards, s.col_start : s.col_start + s.width] = part
+        return out
+
+
+def lower(plan: Plan, config: EmbeddingConfig) -> Lowered:
+    """Groups the plan's shards into stacked buffers with static row offsets."""
+    plan.validate(config)
+    g_count = plan.topology.num_devices
+    keyed: dict[tuple[Cluster, int, str], list[str]] = {}
+    for tp in plan.tables:
+        t = config.table_by_name[tp.name]
+        width = t.dim // tp.column_shards
+        key = (tp.cluster, width, str(jnp.dtype(t.dtype)))
+        keyed.setdefault(key, []).append(tp.name)
+    groups = []
+    for (cluster, width, dtype), names in sorted(
+        keyed.items(), key=lambda kv: (kv[0][0].value, kv[0][1], kv[0][2])
+    ):
+        used = [0] * g_count
+        shards = []
+        for name in names:
+            tp = plan.table(name)
+            t = config.table_by_name[name]
+            for k, j, dev in tp.shard_devices():
+                rows = (
+                    t.vocab_size
+                    if cluster is Cluster.DP
+                    else shard_rows(t.vocab_size, tp.row_shards, j)
+                )
+                shards.append(Shard(name, k, j, dev, rows, used[dev], k * width, width))
+                used[dev] += rows
+        groups.append(
+            Group(
+                name=f"{cluster.value}_w{width}_{dtype}",
+                cluster=cluster,
+                width=width,
+                dtype=dtype,
+                rows_per_device=max(max(used), 1),
+                tables=tuple(names),
+                shards=tuple(shards),
+            )
+        )
+    return Lowered(plan=plan, config=config, groups=tuple(groups))

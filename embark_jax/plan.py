@@ -1,0 +1,275 @@
+"""The sharding plan: where every shard of every table lives, as plain validated data.
+
+A table is split into `column_shards` (c) column slices and `row_shards` (r) row shards;
+`devices[k][j]` is the global device holding column slice k, row shard j. Row shard j owns
+the ids with `id % r == j` (local row `id // r`); column slice k owns columns
+[k*d/c, (k+1)*d/c). Device g lives on node `g // devices_per_node`. A `dp` table is
+replicated: `devices == [[0, 1, ..., G-1]]` with r = c = 1.
+
+JSON format (`Plan.to_json` / `Plan.from_json`):
+
+    {"format": "embark-plan/1",
+     "topology": {"num_nodes": 1, "devices_per_node": 8},
+     "batch_size": 4096,
+     "tables": [{"name": "t0", "cluster": "rb", "row_shards": 2, "column_shards": 2,
+                 "devices": [[0, 1], [2, 3]]}]}
+
+Optional per table: `"capacity_factor"` (routing buffer size as a multiple of the expected
+per-destination load, see `embark_jax.routing`) and `"unique_capacity"` (UB dedup slots).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from embark_jax.specs import Combiner, EmbeddingConfig
+
+__all__ = ["FORMAT", "Cluster", "Plan", "PlanError", "TablePlan", "Topology"]
+
+FORMAT = "embark-plan/1"
+
+
+class PlanError(ValueError):
+    """An invalid plan; the message names the table and the problem."""
+
+
+class Cluster(enum.Enum):
+    """How a table's lookups communicate (DESIGN.md §3)."""
+
+    DP = "dp"  # replicated, local lookups, gradients gathered
+    RB = "rb"  # reduction-based: owners pool, partial vectors are summed
+    UB = "ub"  # unique-based: unique ids routed, one vector per unique id returned
+
+    @classmethod
+    def parse(cls, value: Cluster | str) -> Cluster:
+        if isinstance(value, Cluster):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            raise PlanError(f"unknown cluster {value!r}; expected dp, rb or ub") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Topology:
+    num_nodes: int = 1
+    devices_per_node: int = 8
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1 or self.devices_per_node < 1:
+            raise PlanError(f"topology needs >= 1 node and device per node, got {self}")
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    def node_of(self, device: int) -> int:
+        return device // self.devices_per_node
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TablePlan:
+    """Placement of one table. `devices[k][j]`: device of column slice k, row shard j."""
+
+    name: str
+    cluster: Cluster | str
+    row_shards: int
+    column_shards: int
+    devices: tuple[tuple[int, ...], ...]
+    capacity_factor: float | None = None
+    unique_capacity: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cluster", Cluster.parse(self.cluster))
+        object.__setattr__(
+            self, "devices", tuple(tuple(int(d) for d in col) for col in self.devices)
+        )
+
+    @property
+    def hierarchical_ok(self) -> bool:
+        return self.cluster is Cluster.RB
+
+    def shard_devices(self) -> list[tuple[int, int, int]]:
+        """`(k, j, device)` of every shard (dp: one replica per device as j)."""
+        return [(k, j, d) for k, col in enumerate(self.devices) for j, d in enumerate(col)]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "cluster": self.cluster.value,
+            "row_shards": self.row_shards,
+            "column_shards": self.column_shards,
+            "devices": [list(c) for c in self.devices],
+        }
+        if self.capacity_factor is not None:
+            out["capacity_factor"] = self.capacity_factor
+        if self.unique_capacity is not None:
+            out["unique_capacity"] = self.unique_capacity
+        return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    topology: Topology
+    batch_size: int
+    tables: tuple[TablePlan, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tables", tuple(self.tables))
+        self._validate_structure()
+
+    # --- validation ----------------------------------------------------------------------
+
+    def _validate_structure(self) -> None:
+        g = self.topology.num_devices
+        if self.batch_size < 1 or self.batch_size % g:
+            raise PlanError(
+                f"batch_size {self.batch_size} must be a positive multiple of the {g} devices"
+            )
+        seen: set[str] = set()
+        for t in self.tables:
+            if t.name in seen:
+                raise PlanError(f"table {t.name!r} is planned twice")
+            seen.add(t.name)
+            _validate_table(t, g)
+
+    def validate(self, config: EmbeddingConfig) -> None:
+        """Checks the plan against the tables: every table planned exactly once, column
+        slices divide the dim, sequence (`none`) features not on RB tables."""
+        by_name = config.table_by_name
+        planned = {t.name for t in self.tables}
+        missing = sorted(set(by_name) - planned)
+        if missing:
+            raise PlanError(f"tables {missing} are not in the plan")
+        unknown = sorted(planned - set(by_name))
+        if unknown:
+            raise PlanError(f"plan places unknown tables {unknown}")
+        for t in self.tables:
+            dim = by_name[t.name].dim
+            if dim % t.column_shards:
+                raise PlanError(
+                    f"table {t.name!r}: column_shards {t.column_shards} does not divide dim {dim}"
+                )
+        for f in config.features:
+            tp = self.table(f.table)
+            if f.combiner is Combiner.NONE and tp.cluster is Cluster.RB:
+                raise PlanError(
+                    f"feature {f.name!r} has combiner 'none' (no pooling); its table "
+                    f"{f.table!r} must be in a dp or ub cluster, not rb"
+                )
+
+    def table(self, name: str) -> TablePlan:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise PlanError(f"table {name!r} is not in the plan")
+
+    # --- JSON ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "topology": {
+                "num_nodes": self.topology.num_nodes,
+                "devices_per_node": self.topology.devices_per_node,
+            },
+            "batch_size": self.batch_size,
+            "tables": [t.to_dict() for t in self.tables],
+        }
+
+    def to_json(self, path: str | None = None, indent: int | None = 1) -> str:
+        text = json.dumps(self.to_dict(), indent=indent)
+        if path is not None:
+            with open(path, "w") as fh:
+                fh.write(text + "\n")
+        return text
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        if data.get("format") != FORMAT:
+            raise PlanError(f"unsupported plan format {data.get('format')!r}; expected {FORMAT!r}")
+        try:
+            topo = Topology(**data["topology"])
+            tables = tuple(
+                TablePlan(
+                    name=t["name"],
+                    cluster=t["cluster"],
+                    row_shards=int(t["row_shards"]),
+                    column_shards=int(t["column_shards"]),
+                    devices=t["devices"],
+                    capacity_factor=t.get("capacity_factor"),
+                    unique_capacity=t.get("unique_capacity"),
+                )
+                for t in data["tables"]
+            )
+            return cls(topology=topo, batch_size=int(data["batch_size"]), tables=tables)
+        except (KeyError, TypeError) as e:
+            raise PlanError(f"malformed plan: {e!r}") from None
+
+    @classmethod
+    def from_json(cls, text_or_path: str) -> Plan:
+        text = text_or_path
+        if not text_or_path.lstrip().startswith("{"):
+            with open(text_or_path) as fh:
+                text = fh.read()
+        return cls.from_dict(json.loads(text))
+
+    # --- mesh ----------------------------------------------------------------------------
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return ("device",) if self.topology.num_nodes == 1 else ("node", "local")
+
+    def make_mesh(self, devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
+        """A 1-D `("device",)` mesh (one node) or 2-D `("node", "local")` mesh over the
+        plan's devices, in global device order (device g = node * L + local)."""
+        g = self.topology.num_devices
+        devices = list(jax.devices() if devices is None else devices)
+        if len(devices) < g:
+            raise PlanError(f"plan needs {g} devices, only {len(devices)} available")
+        arr = np.array(devices[:g], dtype=object)
+        shape = (
+            (g,)
+            if self.topology.num_nodes == 1
+            else (self.topology.num_nodes, self.topology.devices_per_node)
+        )
+        auto = (jax.sharding.AxisType.Auto,) * len(shape)
+        return jax.sharding.Mesh(arr.reshape(shape), self.axis_names, axis_types=auto)
+
+
+def _validate_table(t: TablePlan, num_devices: int) -> None:
+    name = t.name
+    if t.row_shards < 1 or t.column_shards < 1:
+        raise PlanError(f"table {name!r}: row_shards and column_shards must be >= 1")
+    if t.cluster is Cluster.DP:
+        want = tuple(range(num_devices))
+        if t.row_shards != 1 or t.column_shards != 1 or t.devices != (want,):
+            raise PlanError(
+                f"table {name!r}: a dp table is replicated: row_shards 1, column_shards 1 and "
+                f"devices [[0, ..., {num_devices - 1}]]; got r={t.row_shards}, "
+                f"c={t.column_shards}, devices={[list(c) for c in t.devices]}"
+            )
+        return
+    if len(t.devices) != t.column_shards or any(len(c) != t.row_shards for c in t.devices):
+        raise PlanError(
+            f"table {name!r}: devices must be [column_shards={t.column_shards}]"
+            f"[row_shards={t.row_shards}], got {[list(c) for c in t.devices]}"
+        )
+    flat = [d for c in t.devices for d in c]
+    for d in flat:
+        if not 0 <= d < num_devices:
+            raise PlanError(f"table {name!r}: device {d} out of range [0, {num_devices})")
+    if len(set(flat)) != len(flat):
+        dup = next(d for d in flat if flat.count(d) > 1)
+        raise PlanError(f"table {name!r}: device {dup} holds two shards of the table")
+    if t.capacity_factor is not None and t.capacity_factor <= 0:
+        raise PlanError(f"table {name!r}: capacity_factor must be > 0, got {t.capacity_factor}")
+    if t.unique_capacity is not None and t.unique_capacity < 1:
+        raise PlanError(f"table {name!r}: unique_capacity must be >= 1, got {t.unique_capacity}")
