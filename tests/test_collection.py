@@ -222,3 +222,38 @@ def test_plan_json_round_trip_and_validation():
         )
     with pytest.raises(PlanError, match="batch_size 12 must be a positive multiple of the 8"):
         Plan(topology=plan.topology, batch_size=12, tables=plan.tables)
+
+
+def test_capacities_derived_from_observed_batches_remove_overflow():
+    from embark_jax.capacity import derive_capacities
+
+    tables = [TableConfig(name="rw", vocab_size=64, dim=8)]
+    features = [FeatureConfig(name="f", table="rw", max_hotness=8)]
+    config = EmbeddingConfig.create(tables, features)
+    plan = Plan(
+        topology=Topology(num_nodes=1, devices_per_node=G),
+        batch_size=B,
+        tables=(
+            TablePlan(
+                name="rw",
+                cluster="rb",
+                row_shards=4,
+                column_shards=1,
+                devices=((0, 2, 4, 6),),
+                capacity_factor=0.5,
+            ),
+        ),
+    )
+    rng = np.random.default_rng(7)
+    batch = SparseFeatures.from_dense(
+        {"f": (rng.zipf(1.5, size=(B, 8)) - 1) % 64 * 4}
+    )  # id % 4 == 0
+    coll = EmbeddingCollection(tables, features, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
+    assert int(coll.lookup(coll.shard_batch(batch)).overflow["rw"]) > 0
+    tuned = derive_capacities(plan, config, [batch])
+    assert tuned.table("rw").capacity_factor >= 4.0  # every id goes to row shard 0
+    coll = EmbeddingCollection(tables, features, tuned, tuned.make_mesh(), rngs=nnx.Rngs(0))
+    res = coll.lookup(coll.shard_batch(batch))
+    assert int(res.overflow["rw"]) == 0
+    want = collection_ref.forward(config, coll.full_tables(), batch)
+    np.testing.assert_allclose(np.asarray(res.outputs["f"]), want["f"], rtol=1e-5, atol=1e-5)

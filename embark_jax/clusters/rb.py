@@ -94,20 +94,16 @@ class RBCluster(ClusterBase):
                 tidx.append(jnp.full(fi.ids.shape, self.table_index(f.table), jnp.int32))
             res["denom"][name] = self.denominator(fi, self.b, f.combiner)
         dst = jnp.concatenate(dsts)
-        send, _, dropped = routing.bucket(
-            dst,
-            self.num_devices,
-            self.capacity,
-            {
-                "row": (jnp.concatenate(rows), -1),
-                "bag": (jnp.concatenate(bags), 0),
-                "w": (jnp.concatenate(ws), 0.0),
-            },
-        )
+        payloads = {"row": (jnp.concatenate(rows), -1), "bag": (jnp.concatenate(bags), 0)}
+        if any(f.weighted for f in self.features):  # weights travel only when there are any
+            payloads["w"] = (jnp.concatenate(ws), 0.0)
+        send, _, dropped = routing.bucket(dst, self.num_devices, self.capacity, payloads)
         recv = {k: routing.exchange(v, self.axis_names) for k, v in send.items()}
         src = jnp.arange(self.num_devices, dtype=jnp.int32)[:, None]
-        seg = jnp.where(recv["row"] >= 0, src * (self.slots * self.b) + recv["bag"], -1)
-        res.update(rows=recv["row"].reshape(-1), seg=seg.reshape(-1), w=recv["w"].reshape(-1))
+        valid = recv["row"] >= 0
+        seg = jnp.where(valid, src * (self.slots * self.b) + recv["bag"], -1)
+        w = recv["w"] if "w" in recv else valid.astype(jnp.float32)
+        res.update(rows=recv["row"].reshape(-1), seg=seg.reshape(-1), w=w.reshape(-1))
         overflow = ops.segment_sum(
             dropped.astype(jnp.int32),
             jnp.concatenate(tidx),

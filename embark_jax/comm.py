@@ -1,0 +1,137 @@
+"""Communication accounting: the bytes of every collective of a compiled step, read from its
+HLO. This is how RB/UB/hierarchical savings are verified without a real network.
+
+Bytes are per device: the size of the collective's result (for an all-to-all that is what a
+device sends and receives, its own slice included; for an all-reduce the reduced buffer; for
+an all-gather the gathered buffer). Each collective is attributed to the mesh axes its
+replica groups span (`local`, `node`, `device` or `all`); `link_bytes` splits them into
+intra-node and inter-node traffic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+
+__all__ = ["Collective", "collective_bytes", "collectives", "link_bytes"]
+
+_DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+}
+_KINDS = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
+_LINE = re.compile(
+    r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<shape>.*?)\s(?P<op>"
+    + "|".join(re.escape(k) for k in _KINDS)
+    + r")(?:-start)?\("
+)
+_ARRAY = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
+_GROUPS = re.compile(r"replica_groups=\{(\{[\d,]*\}(?:,\{[\d,]*\})*)\}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    kind: str
+    axis: str
+    bytes: int
+    dtypes: tuple[str, ...]
+
+
+def _shape_bytes(shape_text: str) -> tuple[int, tuple[str, ...]]:
+    total, dtypes = 0, []
+    for dtype, dims in _ARRAY.findall(shape_text):
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        total += n * _DTYPE_BYTES[dtype]
+        dtypes.append(dtype)
+    return total, tuple(dtypes)
+
+
+def _axis_of(line: str, mesh_shape: Sequence[int], axis_names: Sequence[str]) -> str:
+    m = _GROUPS.search(line)
+    total = 1
+    for s in mesh_shape:
+        total *= s
+    if not m:
+        return "all" if len(axis_names) > 1 else axis_names[0]
+    groups = [
+        [int(x) for x in g.strip("{}").split(",") if x]
+        for g in re.findall(r"\{[\d,]*\}", m.group(1))
+    ]
+    size = len(groups[0])
+    if len(axis_names) == 1 or size == total:
+        return axis_names[0] if len(axis_names) == 1 else "all"
+    n_nodes, local = mesh_shape
+    g0 = sorted(groups[0])
+    if size == local and g0 == list(range(g0[0], g0[0] + local)):
+        return axis_names[1]
+    if size == n_nodes and all(b - a == local for a, b in zip(g0, g0[1:], strict=False)):
+        return axis_names[0]
+    return "mixed"
+
+
+def collectives(
+    compiled_or_text, mesh_shape: Sequence[int], axis_names: Sequence[str]
+) -> list[Collective]:
+    """Every collective in the (compiled) HLO with its per-device bytes and mesh axis."""
+    text = compiled_or_text if isinstance(compiled_or_text, str) else compiled_or_text.as_text()
+    out = []
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if not m:
+            continue
+        nbytes, dtypes = _shape_bytes(m.group("shape"))
+        out.append(
+            Collective(m.group("op"), _axis_of(line, mesh_shape, axis_names), nbytes, dtypes)
+        )
+    return out
+
+
+def collective_bytes(
+    compiled_or_text,
+    mesh_shape: Sequence[int],
+    axis_names: Sequence[str],
+    *,
+    floats_only: bool = False,
+) -> dict[tuple[str, str], int]:
+    """`{(kind, axis): bytes}` summed over the step's collectives. `floats_only` counts only
+    floating-point payloads (embedding vectors and gradients, not routed ids)."""
+    acc: dict[tuple[str, str], int] = defaultdict(int)
+    for c in collectives(compiled_or_text, mesh_shape, axis_names):
+        if floats_only and not any(d.startswith(("f", "bf")) for d in c.dtypes):
+            continue
+        acc[(c.kind, c.axis)] += c.bytes
+    return dict(acc)
+
+
+def link_bytes(by_axis: dict[tuple[str, str], int], mesh_shape: Sequence[int]) -> dict[str, float]:
+    """Splits per-axis bytes into intra-node and inter-node traffic: `local` stays in a node,
+    `node` crosses nodes, an all-device collective crosses for (G - L) / G of its bytes."""
+    if len(mesh_shape) == 1:
+        return {"intra": float(sum(by_axis.values())), "inter": 0.0}
+    n_nodes, local = mesh_shape
+    g = n_nodes * local
+    intra = inter = 0.0
+    for (_, axis), b in by_axis.items():
+        if axis == "local":
+            intra += b
+        elif axis == "node":
+            inter += b
+        else:
+            inter += b * (g - local) / g
+            intra += b * local / g
+    return {"intra": intra, "inter": inter}
