@@ -11,6 +11,7 @@ intra-node and inter-node traffic.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -79,7 +80,7 @@ def _axis_of(line: str, mesh_shape: Sequence[int], axis_names: Sequence[str]) ->
     g0 = sorted(groups[0])
     if size == local and g0 == list(range(g0[0], g0[0] + local)):
         return axis_names[1]
-    if size == n_nodes and all(b - a == local for a, b in zip(g0, g0[1:], strict=False)):
+    if size == n_nodes and all(b - a == local for a, b in itertools.pairwise(g0)):
         return axis_names[0]
     return "mixed"
 
