@@ -16,12 +16,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the metrics JSON here")
     sub.add_parser("info", help="print the native build and the registered FFI targets")
+    from embark_jax.planner import cli as planner_cli
+
+    planner_cli.add_plan_args(sub.add_parser("plan", help="plan a paper model's sharding"))
+    planner_cli.add_simulate_args(
+        sub.add_parser(
+            "simulate", help="predicted step time of our plan vs TRW for the paper's models"
+        )
+    )
     args = parser.parse_args(argv)
 
     if args.command == "demo":
         from embark_jax.demo import run_demo
 
         run_demo(steps=args.steps, batch_size=args.batch_size, seed=args.seed, out=args.out)
+    elif args.command == "plan":
+        return planner_cli.run_plan(args)
+    elif args.command == "simulate":
+        return planner_cli.run_simulate(args)
     elif args.command == "info":
         import embark_jax
 

@@ -11,3 +11,10 @@ def test_kernel_benchmark_quick(tmp_path):
     data = json.loads(out.read_text())
     assert data["points"][0]["forward"]["speedup"] > 0
     assert result["points"][0]["backward_update"]["bytes"] > 0
+
+
+def test_planner_experiment_quick(tmp_path):
+    from experiments.planner.main import main as planner_main
+
+    rows = planner_main(["--quick", "--out", str(tmp_path / "p.json")])
+    assert len(rows) == 4 and all(r["seconds"] > 0 for r in rows)

@@ -1,0 +1,159 @@
+"""What the planner plans for: tables with their average hotness, and the paper's models.
+
+`ModelSpec` presets come from `data/paper_models.json` (the paper's DLRM-DCNv2, T180, T200,
+T510 and T7). The `-mini` variants keep every table's hotness and dim and scale the
+vocabularies down so that they train on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+from embark_jax.optimizers import SGD, Adagrad, SparseOptimizer
+from embark_jax.specs import Combiner, EmbeddingConfig, FeatureConfig, TableConfig
+
+__all__ = ["ModelSpec", "PlannerTable", "load_preset", "preset_names"]
+
+_DATA = os.path.join(os.path.dirname(__file__), "data", "paper_models.json")
+MINI_MAX_VOCAB = 20_000
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlannerTable:
+    """One table as the cost model sees it. `hotness`: ids per sample (summed over the
+    features that look it up); `unique_ratio`: distinct ids / ids in a device's batch
+    (measured, or None to estimate from the Zipf law)."""
+
+    name: str
+    vocab_size: int
+    dim: int
+    hotness: float
+    combiner: Combiner = Combiner.SUM
+    dtype_bytes: int = 4
+    unique_ratio: float | None = None
+    alpha: float = 1.1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    name: str
+    tables: tuple[PlannerTable, ...]
+    optimizer: SparseOptimizer
+    dense_flops_per_sample: float = 0.0
+    dense_params: int = 0
+    default_batch: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def table(self, name: str) -> PlannerTable:
+        return next(t for t in self.tables if t.name == name)
+
+    def embedding_config(self) -> EmbeddingConfig:
+        """One feature per table, max_hotness = the table's hotness (rounded up)."""
+        tables = [TableConfig(name=t.name, vocab_size=t.vocab_size, dim=t.dim) for t in self.tables]
+        feats = [
+            FeatureConfig(
+                name=f"f_{t.name}",
+                table=t.name,
+                max_hotness=max(1, math.ceil(t.hotness)),
+                combiner=t.combiner,
+            )
+            for t in self.tables
+        ]
+        return EmbeddingConfig.create(tables, feats)
+
+    @classmethod
+    def from_config(
+        cls, config: EmbeddingConfig, optimizer: SparseOptimizer, name: str = "custom"
+    ) -> ModelSpec:
+        tables = []
+        for t in config.tables:
+            feats = [f for f in config.features if f.table == t.name]
+            combiner = (
+                Combiner.NONE
+                if any(f.combiner is Combiner.NONE for f in feats)
+                else feats[0].combiner
+            )
+            tables.append(
+                PlannerTable(
+                    name=t.name,
+                    vocab_size=t.vocab_size,
+                    dim=t.dim,
+                    hotness=float(sum(f.max_hotness for f in feats)),
+                    combiner=combiner,
+                    dtype_bytes=_dtype_bytes(t),
+                )
+            )
+        return cls(name=name, tables=tuple(tables), optimizer=optimizer)
+
+
+def _dtype_bytes(t: TableConfig) -> int:
+    import jax.numpy as jnp
+
+    return jnp.dtype(t.dtype).itemsize
+
+
+def _dense_cost(common: dict, num_tables: int, dim: int = 128) -> tuple[float, int]:
+    """FLOPs per sample (forward) and parameter count of the paper's DCNv2 dense net."""
+    net = common["dense_net"]
+    flops, params = 0.0, 0
+    prev = common["dense_features"]
+    for width in net["bottom_mlp"]:
+        flops += 2 * prev * width
+        params += prev * width
+        prev = width
+    x = prev + num_tables * dim
+    rank = net["dcnv2"]["low_rank"]
+    for _ in range(net["dcnv2"]["layers"]):
+        flops += 2 * 2 * x * rank
+        params += 2 * x * rank
+    prev = x
+    for width in net["top_mlp"]:
+        flops += 2 * prev * width
+        params += prev * width
+        prev = width
+    return flops, params
+
+
+def preset_names() -> list[str]:
+    with open(_DATA) as fh:
+        models = json.load(fh)["models"]
+    names = []
+    for k in models:
+        short = "dcnv2" if k == "dlrm_dcnv2" else k
+        names += [short, f"{short}-mini"]
+    return names
+
+
+def load_preset(name: str) -> ModelSpec:
+    """`dcnv2`, `t180`, `t200`, `t510`, `t7` and their `-mini` versions."""
+    with open(_DATA) as fh:
+        data = json.load(fh)
+    mini = name.endswith("-mini")
+    base = name.removesuffix("-mini")
+    key = "dlrm_dcnv2" if base in ("dcnv2", "dlrm_dcnv2", "dlrm-dcnv2") else base
+    if key not in data["models"]:
+        raise ValueError(f"unknown model {name!r}; choose from {preset_names()}")
+    m = data["models"][key]
+    common = data["common"]
+    tables = tuple(
+        PlannerTable(
+            name=t["name"],
+            vocab_size=min(t["vocab_size"], MINI_MAX_VOCAB) if mini else t["vocab_size"],
+            dim=t["dim"],
+            hotness=float(t["hotness"]),
+        )
+        for t in m["tables"]
+    )
+    opt = Adagrad(learning_rate=0.01) if m["optimizer"] == "adagrad" else SGD(learning_rate=0.01)
+    flops, params = _dense_cost(common, len(tables))
+    batches = {k: v for k, v in common["mlperf_batch"].items()}
+    return ModelSpec(
+        name=name,
+        tables=tables,
+        optimizer=opt,
+        dense_flops_per_sample=flops,
+        dense_params=params,
+        default_batch=batches,
+    )

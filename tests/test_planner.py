@@ -1,0 +1,257 @@
+"""The planner: hand-computed cost formulas, golden plans, properties, CLI for every preset."""
+
+import dataclasses
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from embark_jax.__main__ import main
+from embark_jax.optimizers import SGD, Adagrad
+from embark_jax.plan import Cluster, Plan
+from embark_jax.planner import (
+    BASELINES,
+    PRESETS,
+    ModelSpec,
+    PlannerError,
+    PlannerTable,
+    baseline,
+    load_preset,
+    plan,
+    preset_names,
+)
+from embark_jax.planner import cost as C
+from embark_jax.specs import Combiner
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+HW1 = PRESETS["dgx-h100"]
+HW2 = HW1.with_shape(2, 4)
+
+
+def small_model():
+    tables = (
+        PlannerTable(name="big", vocab_size=1_000_000, dim=64, hotness=20),
+        PlannerTable(name="onehot", vocab_size=50_000, dim=32, hotness=1),
+        PlannerTable(name="tiny", vocab_size=10, dim=16, hotness=1),
+        PlannerTable(name="seq", vocab_size=5_000, dim=32, hotness=4, combiner=Combiner.NONE),
+        PlannerTable(name="mid", vocab_size=200_000, dim=128, hotness=8),
+    )
+    return ModelSpec(name="small", tables=tables, optimizer=SGD(learning_rate=0.1))
+
+
+# --- hand-computed costs ----------------------------------------------------------------------
+
+
+def test_expected_unique_uniform_matches_closed_form():
+    v, n = 1000, 500
+    want = v * (1 - (1 - 1 / v) ** n)
+    assert C.expected_unique(n, v, 0.0) == pytest.approx(want, rel=1e-6)
+    assert C.expected_unique(0, v, 1.1) == 0.0
+    # skew means fewer distinct ids than uniform for the same draws
+    assert C.expected_unique(n, v, 1.1) < want
+
+
+def test_rb_shard_cost_by_hand():
+    hw = HW1.with_shape(2, 4)  # G = 8, L = 4
+    t = PlannerTable(name="t", vocab_size=1000, dim=8, hotness=4, unique_ratio=None, alpha=0.0)
+    batch = 16
+    c = C.rb_shard_cost(
+        t,
+        r=2,
+        c=1,
+        batch=batch,
+        hw=hw,
+        opt=SGD(learning_rate=1.0),
+        row_shards_in_node=1,
+        hierarchical=True,
+    )
+    n_ids = 16 * 4 / 2  # 32 ids per shard
+    touched = C.expected_unique(64, 1000, 0.0) / 2
+    compute = (n_ids * 8 * 4 + 16 * 8 * 4) + (16 * 8 * 4 + n_ids * 8 * 4) + touched * 2 * 8 * 4
+    assert c.compute == pytest.approx(compute)
+    ids, vectors = n_ids * 8, 2 * 16 * 8 * 4
+    # hierarchical: partials cross nodes once per node for the 1 row shard in this node
+    assert c.intra == pytest.approx(ids * 4 / 8 + vectors * 3 / 4)
+    assert c.inter == pytest.approx(ids * 4 / 8 + vectors * 1 / 2)
+    assert c.memory == pytest.approx(500 * 8 * 4 + n_ids * (8 + 32))
+    flat = C.rb_shard_cost(t, 2, 1, batch, hw, SGD(learning_rate=1.0), hierarchical=False)
+    assert flat.inter == pytest.approx((ids + vectors) * 4 / 8)
+
+
+def test_ub_and_dp_costs_by_hand():
+    hw = HW1.with_shape(1, 8)
+    t = PlannerTable(name="t", vocab_size=100, dim=4, hotness=2, unique_ratio=0.5, alpha=0.0)
+    opt = Adagrad(learning_rate=1.0)  # one float slot per element
+    ub = C.ub_shard_cost(t, 1, 1, batch=64, hw=hw, opt=opt)
+    n = 8 * 0.5 * 8 * 2  # 8 devices x 8 unique of 16 ids each
+    touched = C.expected_unique(128, 100, 0.0)
+    assert ub.compute == pytest.approx(2 * n * 4 * 4 + n * 4 * 4 + touched * (2 * 16 + 2 * 4 * 4))
+    assert ub.intra == pytest.approx(n * 4 + 2 * n * 16) and ub.inter == 0
+    assert ub.memory == pytest.approx(100 * (16 + 16) + n * (4 + 16))
+    dp = C.dp_cost(t, 64, hw, opt)
+    dense = 2 * 100 * (16 + 4) * 7 / 8  # all-reduce within the node
+    sparse = 7 * 8 * 2 * (16 + 4)
+    assert dp.intra == pytest.approx(min(dense, sparse)) and dp.inter == 0
+    assert dp.memory == pytest.approx(100 * (16 + 16))
+
+
+def test_seconds_and_dense_time():
+    hw = HW1
+    s = C.seconds(C.Cost(compute=hw.memory_bw, intra=hw.intra_bw, inter=2 * hw.inter_bw), hw)
+    assert s == pytest.approx((1.0, 3.0))
+    assert C.dense_seconds(1e6, 0, 8 * 1000, hw) == pytest.approx(3 * 1e6 * 1000 / hw.dense_flops)
+
+
+# --- search -----------------------------------------------------------------------------------
+
+
+def test_cluster_choice_follows_the_traffic():
+    ev = plan(small_model(), 4096, HW1, compare_baselines=False)
+    by = {t.name: t for t in ev.plan.tables}
+    assert by["tiny"].cluster is Cluster.DP
+    assert by["seq"].cluster is Cluster.UB  # sequence output: never rb
+    assert by["big"].cluster is Cluster.RB  # 20 pooled ids per sample
+    assert by["onehot"].cluster is Cluster.UB
+    assert all(ev.reasons[n] for n in by)
+
+
+def test_golden_small_plans():
+    """The planner is deterministic: its plans for fixed inputs are pinned."""
+    for name, hw in (("small_1x8", HW1), ("small_2x4", HW2)):
+        got = plan(small_model(), 4096, hw).plan.to_dict()
+        path = os.path.join(GOLDEN, f"plan_{name}.json")
+        if os.environ.get("EMBARK_UPDATE_GOLDEN"):
+            with open(path, "w") as fh:
+                json.dump(got, fh, indent=1)
+        with open(path) as fh:
+            assert got == json.load(fh), f"{name}: plan changed (EMBARK_UPDATE_GOLDEN=1 to pin)"
+
+
+def test_nothing_fits_raises_typed_error():
+    huge = ModelSpec(
+        name="huge",
+        optimizer=SGD(learning_rate=0.1),
+        tables=(PlannerTable(name="giant", vocab_size=10**12, dim=128, hotness=1),),
+    )
+    with pytest.raises(PlannerError, match=r"table 'giant' does not fit: needs .* GB short") as e:
+        plan(huge, 4096, HW1)
+    assert e.value.table == "giant" and e.value.need > e.value.available
+
+
+@st.composite
+def models(draw):
+    n = draw(st.integers(1, 6))
+    tables = tuple(
+        PlannerTable(
+            name=f"t{i}",
+            vocab_size=draw(st.integers(1, 2_000_000)),
+            dim=draw(st.sampled_from([8, 16, 64, 128])),
+            hotness=float(draw(st.integers(1, 50))),
+            combiner=draw(st.sampled_from([Combiner.SUM, Combiner.SUM, Combiner.NONE])),
+        )
+        for i in range(n)
+    )
+    return ModelSpec(name="p", tables=tables, optimizer=SGD(learning_rate=0.1))
+
+
+@settings(max_examples=25, deadline=None)
+@given(model=models(), nodes=st.sampled_from([1, 2]), batch_per_device=st.sampled_from([64, 512]))
+def test_plan_properties(model, nodes, batch_per_device):
+    hw = HW1.with_shape(nodes, 8 // nodes)
+    batch = batch_per_device * 8
+    ev = plan(model, batch, hw)
+    # a valid plan: every row and column owned exactly once (Plan validates), round-trips
+    assert Plan.from_json(ev.plan.to_json()) == ev.plan
+    assert {t.name for t in ev.plan.tables} == {t.name for t in model.tables}
+    for t in ev.plan.tables:
+        assert model.table(t.name).dim % t.column_shards == 0
+        assert t.cluster is not Cluster.RB or model.table(t.name).combiner is not Combiner.NONE
+    assert ev.device_memory.max() <= 0.9 * hw.memory_bytes * (1 + 1e-9)
+    # deterministic
+    again = plan(model, batch, hw)
+    assert again.plan == ev.plan and again.step_s == ev.step_s
+    # never predicted slower than any baseline that fits
+    for b in BASELINES:
+        try:
+            other = baseline(model, batch, hw, b)
+        except PlannerError:
+            continue
+        assert ev.step_s <= other.step_s * (1 + 1e-9), b
+
+
+# --- presets and CLI --------------------------------------------------------------------------
+
+
+def test_presets_load_and_minis_keep_the_shape():
+    assert {"dcnv2", "t180", "t200", "t510", "t7", "t180-mini"} <= set(preset_names())
+    full, mini = load_preset("t200"), load_preset("t200-mini")
+    assert len(full.tables) == len(mini.tables) == 200
+    for a, b in zip(full.tables, mini.tables, strict=True):
+        assert (a.dim, a.hotness) == (b.dim, b.hotness) and b.vocab_size <= a.vocab_size
+    assert max(t.vocab_size for t in mini.tables) <= 20_000
+    assert full.dense_flops_per_sample > 0 and full.dense_params > 0
+
+
+@pytest.mark.parametrize("model", preset_names())
+def test_plan_cli_runs_for_every_preset(model, tmp_path, capsys):
+    nodes = 8 if model == "t7" else 1  # t7 (1.8 TB) needs several nodes
+    out, png = tmp_path / "p.json", tmp_path / "p.png"
+    argv = ["plan", "--model", model, "--nodes", str(nodes), "--out", str(out)]
+    if model.endswith("-mini"):
+        argv += ["--batch-size", "4096", "--plot", str(png)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "predicted step" in text and "clusters:" in text and "why" in text
+    p = Plan.from_json(str(out))
+    assert len(p.tables) == len(load_preset(model).tables)
+    if model.endswith("-mini"):
+        assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plan_cli_baseline_and_error(tmp_path, capsys):
+    assert main(["plan", "--model", "dcnv2", "--baseline", "trw"]) == 0
+    assert "plan 'trw'" in capsys.readouterr().out
+    assert main(["plan", "--model", "t7", "--nodes", "1"]) == 2
+    assert "does not fit" in capsys.readouterr().out
+
+
+def test_simulate_cli_small(tmp_path, capsys):
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--models", "dcnv2", "--nodes", "1", "2", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 and all(r["speedup"] >= 1.0 for r in rows)
+    assert "speedup over TRW" in capsys.readouterr().out
+
+
+def test_planned_mini_model_runs_on_8_devices():
+    """A planner plan lowers and runs: dcnv2-mini on the 8 fake CPU devices."""
+    import jax
+    from flax import nnx
+
+    from embark_jax.collection import EmbeddingCollection
+    from embark_jax.data import SyntheticDataset
+    from tests import collection_ref
+
+    model = load_preset("dcnv2-mini")
+    model = dataclasses.replace(
+        model,
+        tables=tuple(
+            dataclasses.replace(t, vocab_size=min(t.vocab_size, 2000), dim=16) for t in model.tables
+        ),
+    )
+    hw = HW1.with_shape(2, 4)
+    ev = plan(model, 64, hw)
+    cfg = model.embedding_config()
+    coll = EmbeddingCollection(
+        cfg.tables, cfg.features, ev.plan, ev.plan.make_mesh(), rngs=nnx.Rngs(0)
+    )
+    batch = SyntheticDataset(cfg, batch_size=64, seed=0).batch(0).sparse
+    out = coll(coll.shard_batch(batch))
+    want = collection_ref.forward(cfg, coll.full_tables(), batch)
+    for k, v in want.items():
+        np.testing.assert_allclose(np.asarray(out[k]), v, rtol=1e-5, atol=1e-5)
+    assert len(jax.devices()) == 8 and math.isfinite(ev.step_s)
