@@ -119,10 +119,12 @@ def apply_gradients_fn(
     states,
     residuals,
     output_grads,
-    optimizer: SparseOptimizer,
+    optimizers: Mapping[str, SparseOptimizer],
     batch_like: SparseFeatures,
 ):
-    """Functional two-phase backward: returns the updated `(buffers, states)`."""
+    """Functional two-phase backward: returns the updated `(buffers, states)`.
+
+    `optimizers` maps each group (buffer) name to its sparse optimizer."""
     clusters = _clusters_for(lowered, batch_like, options)
     spec = lowered.spec
 
@@ -131,7 +133,7 @@ def apply_gradients_fn(
         for gname, cl in clusters.items():
             local_state = jax.tree.map(lambda x: x[0], sts[gname])
             r = jax.tree.map(lambda x: x[0], res[gname])
-            b, s = cl.backward_update(bufs[gname][0], local_state, r, grads, optimizer)
+            b, s = cl.backward_update(bufs[gname][0], local_state, r, grads, optimizers[gname])
             new_b[gname] = b[None]
             new_s[gname] = jax.tree.map(lambda x: x[None], s)
         return new_b, new_s
@@ -146,10 +148,20 @@ def _jit_lookup(lowered: Lowered, mesh, options: Options):
 
 
 @functools.lru_cache(maxsize=32)
-def _jit_apply(lowered: Lowered, mesh, options: Options, optimizer: SparseOptimizer):
+def _jit_apply(
+    lowered: Lowered, mesh, options: Options, optimizers: tuple[tuple[str, SparseOptimizer], ...]
+):
     def run(buffers, states, residuals, output_grads, batch_like):
         return apply_gradients_fn(
-            lowered, mesh, options, buffers, states, residuals, output_grads, optimizer, batch_like
+            lowered,
+            mesh,
+            options,
+            buffers,
+            states,
+            residuals,
+            output_grads,
+            dict(optimizers),
+            batch_like,
         )
 
     # The tables and slots are donated: the fused kernels update them in place.
@@ -175,6 +187,9 @@ class EmbeddingCollection(nnx.Module):
       capacity_factor: default routing capacity factor for row-sharded tables.
       strict: raise `CapacityOverflowError` when ids overflow a capacity (checked whenever
         the counts are concrete, i.e. outside `jax.jit`; inside, call `check_overflow`).
+      optimizer: one `SparseOptimizer` for every table, or a mapping table -> optimizer
+        (optional; `init_optimizer` / `apply_gradients(optimizer=...)` set one later).
+      comm_dtype: dtype of embedding vectors on the wire (e.g. "bfloat16"); default: f32.
     """
 
     def __init__(
@@ -188,11 +203,16 @@ class EmbeddingCollection(nnx.Module):
         hierarchical: bool = True,
         capacity_factor: float | None = None,
         strict: bool = False,
+        optimizer: SparseOptimizer | Mapping[str, SparseOptimizer] | None = None,
+        comm_dtype: str | None = None,
     ):
         self.config = EmbeddingConfig.create(tables, features)
-        self.lowered = lower(plan, self.config)
+        per_table = optimizer if isinstance(optimizer, Mapping) else None
+        self.lowered = lower(plan, self.config, per_table)
         self.mesh = mesh
-        self.options = Options(hierarchical=hierarchical, capacity_factor=capacity_factor)
+        self.options = Options(
+            hierarchical=hierarchical, capacity_factor=capacity_factor, comm_dtype=comm_dtype
+        )
         self.strict = strict
         if tuple(mesh.axis_names) != plan.axis_names:
             raise ValueError(
@@ -214,19 +234,41 @@ class EmbeddingCollection(nnx.Module):
         )
         self.opt_state = nnx.Dict({})
         self.optimizer: SparseOptimizer | None = None
+        if per_table is not None:
+            self._init_states({g.name: g.optimizer for g in self.lowered.groups})
+        elif optimizer is not None:
+            self.init_optimizer(optimizer)
 
     # --- state -------------------------------------------------------------------------
 
     def buffer_values(self) -> dict[str, jax.Array]:
         return {k: v.get_value() for k, v in self.buffers.items()}
 
+    @property
+    def optimizers(self) -> dict[str, SparseOptimizer]:
+        """Group (buffer) name -> its sparse optimizer."""
+        return {
+            g.name: g.optimizer or self.optimizer
+            for g in self.lowered.groups
+            if (g.optimizer or self.optimizer) is not None
+        }
+
     def init_optimizer(self, optimizer: SparseOptimizer) -> None:
-        """Creates the optimizer slots of every buffer (sharded like the buffers)."""
+        """One optimizer for every table: creates the slots of every buffer (sharded like
+        the buffers). Per-table optimizers are given to the constructor instead."""
+        if any(g.optimizer is not None for g in self.lowered.groups):
+            raise ValueError("this collection has per-table optimizers (set at construction)")
         self.optimizer = optimizer
+        self._init_states({g.name: optimizer for g in self.lowered.groups})
+
+    def _init_states(self, optimizers: Mapping[str, SparseOptimizer]) -> None:
         sharding = self.lowered.sharding(self.mesh)
         for name, buf in self.buffers.items():
-            state = jax.jit(jax.vmap(optimizer.init))(buf.get_value())
+            state = jax.jit(jax.vmap(optimizers[name].init))(buf.get_value())
             self.opt_state[name] = EmbeddingOptState(jax.device_put(state, sharding))
+
+    def state_values(self) -> dict[str, Any]:
+        return {k: v.get_value() for k, v in self.opt_state.items()}
 
     def full_tables(self) -> dict[str, np.ndarray]:
         """Table name -> numpy `[vocab_size, dim]`, gathered from the shards."""
@@ -285,16 +327,18 @@ class EmbeddingCollection(nnx.Module):
         optimizer: SparseOptimizer | None = None,
     ) -> None:
         """Routes `output_grads` (per feature, shaped like the outputs) to the owners and
-        applies the fused sparse optimizer in place."""
-        optimizer = optimizer or self.optimizer
-        if optimizer is None:
-            raise ValueError("no optimizer: pass one or call init_optimizer first")
-        if self.optimizer is not optimizer or not self.opt_state:
+        applies the fused sparse optimizer(s) in place. `optimizer` (one for all tables)
+        replaces the collection's and resets its slots when it differs."""
+        if optimizer is not None and (optimizer != self.optimizer or not self.opt_state):
             self.init_optimizer(optimizer)
-        states = {k: v.get_value() for k, v in self.opt_state.items()}
-        new_b, new_s = _jit_apply(self.lowered, self.mesh, self.options, optimizer)(
-            self.buffer_values(), states, result.residuals, dict(output_grads), batch
-        )
+        opts = self.optimizers
+        if len(opts) != len(self.lowered.groups):
+            raise ValueError(
+                "no optimizer: pass one, call init_optimizer or give one at construction"
+            )
+        new_b, new_s = _jit_apply(
+            self.lowered, self.mesh, self.options, tuple(sorted(opts.items()))
+        )(self.buffer_values(), self.state_values(), result.residuals, dict(output_grads), batch)
         for k in new_b:
             self.buffers[k].set_value(new_b[k])
             self.opt_state[k].set_value(new_s[k])

@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from embark_jax.optimizers import SparseOptimizer
 from embark_jax.plan import Cluster, Plan
 from embark_jax.specs import EmbeddingConfig, FeatureConfig, TableConfig
 
@@ -52,6 +53,7 @@ class Group:
     rows_per_device: int
     tables: tuple[str, ...]
     shards: tuple[Shard, ...]
+    optimizer: SparseOptimizer | None = None  # per-table optimizers: one per group
 
     def shard(self, table: str, k: int, j: int) -> Shard:
         for s in self.shards:
@@ -144,20 +146,33 @@ class Lowered:
         return out
 
 
-def lower(plan: Plan, config: EmbeddingConfig) -> Lowered:
-    """Groups the plan's shards into stacked buffers with static row offsets."""
+def lower(
+    plan: Plan, config: EmbeddingConfig, optimizers: Mapping[str, SparseOptimizer] | None = None
+) -> Lowered:
+    """Groups the plan's shards into stacked buffers with static row offsets.
+
+    `optimizers` (table name -> optimizer) splits groups further: the shards of one buffer
+    share one optimizer (their slots are stacked the same way).
+    """
     plan.validate(config)
+    if optimizers is not None:
+        missing = sorted(t.name for t in config.tables if t.name not in optimizers)
+        if missing:
+            raise ValueError(f"no optimizer given for tables {missing}")
     g_count = plan.topology.num_devices
-    keyed: dict[tuple[Cluster, int, str], list[str]] = {}
+    keyed: dict[tuple, list[str]] = {}
+    opts: list[SparseOptimizer | None] = []
     for tp in plan.tables:
         t = config.table_by_name[tp.name]
         width = t.dim // tp.column_shards
-        key = (tp.cluster, width, str(jnp.dtype(t.dtype)))
+        opt = None if optimizers is None else optimizers[tp.name]
+        if opt not in opts:
+            opts.append(opt)
+        key = (tp.cluster.value, width, str(jnp.dtype(t.dtype)), opts.index(opt))
         keyed.setdefault(key, []).append(tp.name)
     groups = []
-    for (cluster, width, dtype), names in sorted(
-        keyed.items(), key=lambda kv: (kv[0][0].value, kv[0][1], kv[0][2])
-    ):
+    for (cluster_v, width, dtype, opt_idx), names in sorted(keyed.items()):
+        cluster = Cluster(cluster_v)
         used = [0] * g_count
         shards = []
         for name in names:
@@ -171,15 +186,17 @@ def lower(plan: Plan, config: EmbeddingConfig) -> Lowered:
                 )
                 shards.append(Shard(name, k, j, dev, rows, used[dev], k * width, width))
                 used[dev] += rows
+        suffix = f"_opt{opt_idx}" if len(opts) > 1 else ""
         groups.append(
             Group(
-                name=f"{cluster.value}_w{width}_{dtype}",
+                name=f"{cluster.value}_w{width}_{dtype}{suffix}",
                 cluster=cluster,
                 width=width,
                 dtype=dtype,
                 rows_per_device=max(max(used), 1),
                 tables=tuple(names),
                 shards=tuple(shards),
+                optimizer=opts[opt_idx],
             )
         )
     return Lowered(plan=plan, config=config, groups=tuple(groups))

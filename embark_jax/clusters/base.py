@@ -33,10 +33,16 @@ __all__ = ["ClusterBase", "FeatureInput", "Options"]
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """Static settings of the routing: hierarchical RB on a 2-D mesh, default capacity factor."""
+    """Static settings of the routing: hierarchical RB on a 2-D mesh, the default capacity
+    factor, and the dtype embedding vectors (and their gradients) travel in (e.g. bfloat16
+    for mixed precision; None keeps the table dtype)."""
 
     hierarchical: bool = True
     capacity_factor: float | None = None
+    comm_dtype: str | None = None
+
+    def to_wire(self, x):
+        return x if self.comm_dtype is None else x.astype(self.comm_dtype)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,7 +35,7 @@ class DPCluster(ClusterBase):
             y = ops.lookup_pool(
                 buffer, r["rows"], r["seg"], self.b, r["w"], f.combiner, indices_are_sorted=True
             )
-            out[f.name] = y.reshape(self.output_shape(f))
+            out[f.name] = y.astype(jnp.float32).reshape(self.output_shape(f))
         return out
 
     def combine(self, owner_out, res):

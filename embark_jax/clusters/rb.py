@@ -117,6 +117,7 @@ class RBCluster(ClusterBase):
     def owner(self, buffer, res):
         n_seg = self.num_devices * self.slots * self.b
         pooled = ops.lookup_pool(buffer, res["rows"], res["seg"], n_seg, res["w"], "sum")
+        pooled = self.options.to_wire(pooled)
         return pooled.reshape(self.num_devices, self.slots, self.b, self.width)
 
     # --- return path ---------------------------------------------------------------------
@@ -163,7 +164,7 @@ class RBCluster(ClusterBase):
         return out
 
     def _finish(self, f, cols, res):
-        pooled = jnp.concatenate(cols, axis=-1)
+        pooled = jnp.concatenate(cols, axis=-1).astype(jnp.float32)
         if f.combiner in (Combiner.MEAN, Combiner.SQRTN):
             pooled = self.apply_denominator(pooled, res["denom"][f.name])
         return pooled

@@ -87,10 +87,11 @@ class UBCluster(ClusterBase):
         uniq, inv, _, _ = ops.unique(rows, rows.shape[0])  # dedup across sources
         vecs = ops.lookup_pool(buffer, uniq, None, 0, combiner="none")
         out = jnp.where((inv >= 0)[:, None], jnp.take(vecs, jnp.maximum(inv, 0), axis=0), 0)
-        return out.reshape(self.num_devices, self.capacity, self.width)
+        return self.options.to_wire(out).reshape(self.num_devices, self.capacity, self.width)
 
     def combine(self, owner_out, res):
         recv = routing.exchange(owner_out, self.axis_names).reshape(-1, self.width)
+        recv = recv.astype(jnp.float32)
         slot = res["slot"]
         got = jnp.where((slot >= 0)[:, None], jnp.take(recv, jnp.maximum(slot, 0), axis=0), 0)
         out, start = {}, 0

@@ -1,0 +1,128 @@
+"""Multi-process runs: initialise `jax.distributed` from the launcher's environment, and the
+local launcher (`python -m embark_jax launch --nproc 2 --devices-per-proc 4 -- train ...`).
+
+On a real cluster, start one process per host yourself (Slurm, Kubernetes, mpirun) with
+EMBARK_COORDINATOR=host0:port, EMBARK_NUM_PROCESSES and EMBARK_PROCESS_ID set (or rely on
+`jax.distributed.initialize()`'s own cluster detection); GPUs then use NCCL collectives.
+On CPU the collectives are gloo. The launcher here is for development and CI: it starts the
+processes on localhost with a free port, prefixes their output, and if one process fails it
+stops the others within `--grace` seconds instead of letting them hang.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+
+__all__ = ["free_port", "initialize_from_env", "launch"]
+
+ENV_COORDINATOR = "EMBARK_COORDINATOR"
+ENV_NUM = "EMBARK_NUM_PROCESSES"
+ENV_ID = "EMBARK_PROCESS_ID"
+ENV_LOCAL = "EMBARK_LOCAL_DEVICES"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def initialize_from_env(default_cpu_devices: int = 8, timeout_s: int = 60) -> bool:
+    """Sets up this process's devices; returns True when it joined a multi-process run.
+
+    Must run before any JAX computation. Without a GPU plugin, the CPU backend is given
+    `EMBARK_LOCAL_DEVICES` (or `default_cpu_devices`) fake devices.
+    """
+    from embark_jax._native import _cuda_plugin_installed
+
+    if not _cuda_plugin_installed() and os.environ.get("JAX_PLATFORMS", "cpu") in ("", "cpu"):
+        jax.config.update(
+            "jax_num_cpu_devices", int(os.environ.get(ENV_LOCAL, default_cpu_devices))
+        )
+    if ENV_COORDINATOR not in os.environ:
+        return False
+    jax.distributed.initialize(
+        coordinator_address=os.environ[ENV_COORDINATOR],
+        num_processes=int(os.environ[ENV_NUM]),
+        process_id=int(os.environ[ENV_ID]),
+        initialization_timeout=timeout_s,
+        heartbeat_timeout_seconds=max(10, timeout_s // 2),
+    )
+    return True
+
+
+def _pump(stream, prefix: str) -> None:
+    for line in iter(stream.readline, ""):
+        sys.stdout.write(f"{prefix}{line}")
+        sys.stdout.flush()
+
+
+def launch(
+    argv: list[str],
+    nproc: int,
+    devices_per_proc: int,
+    *,
+    grace_s: float = 20.0,
+    timeout_s: float | None = None,
+) -> int:
+    """Runs `python -m embark_jax <argv>` in `nproc` local processes; returns the first
+    non-zero exit code (or 0). A failed process takes the others down after `grace_s`."""
+    port = free_port()
+    procs = []
+    for i in range(nproc):
+        env = dict(os.environ)
+        env.update(
+            {
+                ENV_COORDINATOR: f"127.0.0.1:{port}",
+                ENV_NUM: str(nproc),
+                ENV_ID: str(i),
+                ENV_LOCAL: str(devices_per_proc),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        p = subprocess.Popen(
+            [sys.executable, "-m", "embark_jax", *argv],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        threading.Thread(target=_pump, args=(p.stdout, f"[{i}] "), daemon=True).start()
+        procs.append(p)
+    start = time.monotonic()
+    failed_at = None
+    code = 0
+    while True:
+        codes = [p.poll() for p in procs]
+        bad = [c for c in codes if c not in (None, 0)]
+        if bad and failed_at is None:
+            failed_at = time.monotonic()
+            code = bad[0]
+            print(
+                f"launch: a process exited with code {code}; stopping the others in "
+                f"{grace_s:.0f} s unless they finish",
+                flush=True,
+            )
+        if all(c is not None for c in codes):
+            break
+        now = time.monotonic()
+        if (failed_at is not None and now - failed_at > grace_s) or (
+            timeout_s is not None and now - start > timeout_s
+        ):
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            code = code or 124
+            print("launch: killed the remaining processes", flush=True)
+            for p in procs:
+                p.wait()
+            break
+        time.sleep(0.1)
+    return code
