@@ -102,8 +102,10 @@ def calibrate_local(refresh: bool = False) -> HardwareTopology:
         dense_flops=2e10,
     )
     os.makedirs(os.path.dirname(_CACHE), exist_ok=True)
-    with open(_CACHE, "w") as fh:
+    tmp = f"{_CACHE}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
         json.dump(dataclasses.asdict(hw), fh)
+    os.replace(tmp, _CACHE)  # atomic: concurrent processes never read half a file
     return hw
 
 

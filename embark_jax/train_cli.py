@@ -1,0 +1,183 @@
+"""`python -m embark_jax train`: the main job. Defaults train DLRM-DCNv2-mini (the paper's
+26 tables with vocabularies scaled down) on the synthetic Zipf dataset, on 8 fake CPU devices
+when there is no accelerator, with the planner's plan."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="dcnv2-mini", help="a planner preset (see `plan --help`)")
+    p.add_argument("--plan", default=None, help="plan JSON file (default: the planner's plan)")
+    p.add_argument(
+        "--baseline",
+        default=None,
+        choices=("tw", "rw", "trw", "dp"),
+        help="use a baseline plan instead of the planner's",
+    )
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=1024, help="global batch")
+    p.add_argument("--optimizer", default="adagrad", choices=OPTIMIZERS)
+    p.add_argument("--lr", type=float, default=0.05, help="sparse optimizer learning rate")
+    p.add_argument("--dense-lr", type=float, default=1e-3, help="dense Adam learning rate")
+    p.add_argument("--dense-net", default="mini", choices=("mini", "paper"))
+    p.add_argument("--model-kind", default="dcnv2", choices=("dcnv2", "dlrm"))
+    p.add_argument(
+        "--mixed-precision",
+        action="store_true",
+        help="bf16 activations and bf16 embedding communication (tables stay fp32)",
+    )
+    p.add_argument("--nodes", type=int, default=1, help="mesh nodes (2-D mesh when > 1)")
+    p.add_argument("--devices", type=int, default=8, help="fake CPU devices when no GPU")
+    p.add_argument(
+        "--topology",
+        default=None,
+        help="hardware the planner prices (default: 'local' on CPU, 'h200' on GPU)",
+    )
+    p.add_argument("--max-hotness", type=int, default=None, help="cap every feature's hotness")
+    p.add_argument("--max-vocab", type=int, default=None, help="cap every table's vocabulary")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-batches", type=int, default=4)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--out", default="results/train_metrics.json", help="metrics JSON")
+
+
+def _sparse_optimizer(name: str, lr: float):
+    from embark_jax import optimizers as O
+
+    return {
+        "sgd": O.SGD,
+        "adagrad": O.Adagrad,
+        "rowwise_adagrad": O.RowWiseAdagrad,
+        "adam": O.Adam,
+    }[name](learning_rate=lr)
+
+
+def _model_spec(args):
+    from embark_jax.planner import load_preset
+
+    spec = load_preset(args.model)
+    tables = []
+    for t in spec.tables:
+        v = min(t.vocab_size, args.max_vocab) if args.max_vocab else t.vocab_size
+        h = min(t.hotness, args.max_hotness) if args.max_hotness else t.hotness
+        tables.append(dataclasses.replace(t, vocab_size=v, hotness=h))
+    return dataclasses.replace(spec, tables=tuple(tables))
+
+
+def _broadcast_text(text: str) -> str:
+    """Process 0's `text` on every process."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(text.encode(), np.uint8)
+    n = int(multihost_utils.broadcast_one_to_all(np.int32(data.size)))
+    buf = np.zeros(n, np.uint8)
+    buf[: min(n, data.size)] = data[:n]
+    return bytes(np.asarray(multihost_utils.broadcast_one_to_all(buf))).decode()
+
+
+def run_train(args) -> int:
+    from embark_jax.distributed import initialize_from_env
+
+    multi = initialize_from_env(default_cpu_devices=args.devices)
+    import jax
+    import optax
+
+    from embark_jax.data import SyntheticDataset
+    from embark_jax.models import DenseConfig
+    from embark_jax.plan import Plan
+    from embark_jax.planner import baseline, evaluate, get_hardware, plan, report
+    from embark_jax.train import Trainer
+
+    lead = jax.process_index() == 0
+    say = print if lead else (lambda *a, **k: None)
+    g = len(jax.devices())
+    if g % args.nodes:
+        say(f"error: {g} devices do not split into {args.nodes} nodes")
+        return 2
+    spec = _model_spec(args)
+    config = spec.embedding_config()
+    topology = args.topology or ("h200" if jax.default_backend() == "gpu" else "local")
+    hw = get_hardware(topology, args.nodes, g // args.nodes)
+    if args.plan:
+        plan_ = Plan.from_json(args.plan)
+        ev = evaluate(spec, plan_, hw)
+    elif args.baseline:
+        ev = baseline(spec, args.batch_size, hw, args.baseline)
+    else:
+        ev = plan(spec, args.batch_size, hw)
+    if jax.process_count() > 1:
+        # every process must run the same plan: process 0's (each host may calibrate
+        # differently) is broadcast to the others
+        agreed = _broadcast_text(ev.plan.to_json(indent=None))
+        if agreed != ev.plan.to_json(indent=None):
+            ev = evaluate(spec, Plan.from_json(agreed), hw)
+    say(report.summary(ev, max_tables=12, max_devices=8))
+    dense = (
+        DenseConfig.mini(args.model_kind)
+        if args.dense_net == "mini"
+        else DenseConfig(kind=args.model_kind)
+    )
+    if args.mixed_precision:
+        dense = dataclasses.replace(dense, dtype="bfloat16")
+    trainer = Trainer(
+        config,
+        ev.plan,
+        dense=dense,
+        sparse_optimizer=_sparse_optimizer(args.optimizer, args.lr),
+        dense_optimizer=optax.adam(args.dense_lr),
+        seed=args.seed,
+        comm_dtype="bfloat16" if args.mixed_precision else None,
+    )
+    ds = SyntheticDataset(config, batch_size=args.batch_size, seed=args.seed)
+    say(
+        f"training {args.steps} steps, global batch {args.batch_size}, {g} devices on "
+        f"{jax.process_count()} process(es), sparse {args.optimizer} lr {args.lr}"
+    )
+    t0 = time.perf_counter()
+    summary = trainer.fit(
+        ds, args.steps, log_every=args.log_every, out=sys.stdout if lead else None
+    )
+    ev_metrics = trainer.evaluate([ds.batch(10**7 + i) for i in range(args.eval_batches)])
+    comm_bytes = trainer.comm_bytes_per_step(ds.batch(0))
+    result = {
+        "model": args.model,
+        "devices": g,
+        "processes": jax.process_count(),
+        "multi_process": multi,
+        "plan": ev.name,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "optimizer": args.optimizer,
+        "eval_auc": ev_metrics["auc"],
+        "eval_logloss": ev_metrics["logloss"],
+        "train_auc": summary["train_auc"],
+        "train_logloss": summary["train_logloss"],
+        "samples_per_s": summary["samples_per_s"],
+        "wall_s": time.perf_counter() - t0,
+        "overflow": trainer.overflow_total,
+        "comm_bytes_per_step": comm_bytes,
+        "predicted_step_ms": ev.step_s * 1e3,
+        "losses": summary["losses"],
+    }
+    say(
+        f"\neval logloss {result['eval_logloss']:.4f}  eval AUC {result['eval_auc']:.4f}  "
+        f"train AUC {result['train_auc']:.4f}  throughput {result['samples_per_s']:.0f} "
+        f"samples/s  overflow {sum(trainer.overflow_total.values())} ids  collectives "
+        f"{comm_bytes['total'] / 1e6:.2f} MB/step per device"
+    )
+    if lead and args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as fh:
+            json.dump(result, fh, indent=1)
+        say(f"wrote {args.out}")
+    return 0
