@@ -18,3 +18,13 @@ def test_planner_experiment_quick(tmp_path):
 
     rows = planner_main(["--quick", "--out", str(tmp_path / "p.json")])
     assert len(rows) == 4 and all(r["seconds"] > 0 for r in rows)
+
+
+def test_training_benchmark_quick(tmp_path):
+    from experiments.training.main import main as training_main
+
+    out = tmp_path / "t.json"
+    rows = training_main(["--quick", "--out", str(out)])
+    assert {r["plan"] for r in rows} == {"embark", "trw", "rw"}
+    assert all(r["collective_bytes"] > 0 and r["steps_per_s"] > 0 for r in rows)
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
