@@ -107,6 +107,7 @@ class Trainer:
         self._step = jax.jit(self._train_step, donate_argnums=(0,))
         self._eval = jax.jit(self._eval_step)
         self.overflow_total = {t.name: 0 for t in plan.tables}
+        self.last_checkpoint: str | None = None
 
     # --- the step ----------------------------------------------------------------------
 
@@ -182,7 +183,10 @@ class Trainer:
         loss = float(out["loss"])
         step = int(self.state["step"])
         if not math.isfinite(loss):
-            raise NonFiniteLossError(f"loss is {loss} at step {step}")
+            raise NonFiniteLossError(
+                f"loss is {loss} at step {step}; last good checkpoint: "
+                f"{self.last_checkpoint or 'none saved'}"
+            )
         overflow = {t.name: int(out["overflow"][i]) for i, t in enumerate(self.plan.tables)}
         for k, v in overflow.items():
             self.overflow_total[k] += v

@@ -36,18 +36,30 @@ def bench_model(name, preset, max_vocab, max_hot, batch, steps, plans=("embark",
     from embark_jax.train import Trainer
 
     spec = load_preset(preset)
-    spec = dataclasses.replace(spec, tables=tuple(
-        dataclasses.replace(t, vocab_size=min(t.vocab_size, max_vocab),
-                            hotness=min(t.hotness, max_hot) if max_hot else t.hotness)
-        for t in spec.tables))
+    spec = dataclasses.replace(
+        spec,
+        tables=tuple(
+            dataclasses.replace(
+                t,
+                vocab_size=min(t.vocab_size, max_vocab),
+                hotness=min(t.hotness, max_hot) if max_hot else t.hotness,
+            )
+            for t in spec.tables
+        ),
+    )
     config = spec.embedding_config()
     hw = get_hardware("local", 1, len(jax.devices()))
     ds = SyntheticDataset(config, batch_size=batch, seed=0)
     rows = []
     for kind in plans:
         ev = plan(spec, batch, hw) if kind == "embark" else baseline(spec, batch, hw, kind)
-        tr = Trainer(config, ev.plan, dense=DenseConfig.mini(),
-                     sparse_optimizer=O.SGD(learning_rate=0.05), dense_optimizer=optax.adam(1e-3))
+        tr = Trainer(
+            config,
+            ev.plan,
+            dense=DenseConfig.mini(),
+            sparse_optimizer=O.SGD(learning_rate=0.05),
+            dense_optimizer=optax.adam(1e-3),
+        )
         tr.step(ds.batch(0))  # compile
         times = []
         for i in range(steps):
@@ -56,13 +68,25 @@ def bench_model(name, preset, max_vocab, max_hot, batch, steps, plans=("embark",
             times.append(time.perf_counter() - t0)
         cb = tr.comm_bytes_per_step(ds.batch(0))
         med = statistics.median(times)
-        rows.append({"model": name, "plan": kind, "steps_per_s": 1 / med,
-                     "samples_per_s": batch / med, "collective_bytes": cb["total"],
-                     "predicted_step_ms": ev.step_s * 1e3,
-                     "clusters": {c: sum(1 for t in ev.plan.tables if t.cluster.value == c)
-                                  for c in ("dp", "rb", "ub")}})
-        print(f"{name:11s} {kind:7s} {1 / med:7.2f} steps/s  {batch / med:9.0f} samples/s  "
-              f"collectives {cb['total'] / 1e6:8.2f} MB/step", flush=True)
+        rows.append(
+            {
+                "model": name,
+                "plan": kind,
+                "steps_per_s": 1 / med,
+                "samples_per_s": batch / med,
+                "collective_bytes": cb["total"],
+                "predicted_step_ms": ev.step_s * 1e3,
+                "clusters": {
+                    c: sum(1 for t in ev.plan.tables if t.cluster.value == c)
+                    for c in ("dp", "rb", "ub")
+                },
+            }
+        )
+        print(
+            f"{name:11s} {kind:7s} {1 / med:7.2f} steps/s  {batch / med:9.0f} samples/s  "
+            f"collectives {cb['total'] / 1e6:8.2f} MB/step",
+            flush=True,
+        )
     base = {r["plan"]: r for r in rows}
     for r in rows:
         r["speedup_vs_trw"] = r["steps_per_s"] / base["trw"]["steps_per_s"]
@@ -82,10 +106,14 @@ def chart(rows, path):
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     x = np.arange(len(models))
     for i, p in enumerate(plans):
-        sp = [next(r["steps_per_s"] for r in rows if r["model"] == m and r["plan"] == p)
-              for m in models]
-        by = [next(r["collective_bytes"] for r in rows if r["model"] == m and r["plan"] == p)
-              / 1e6 for m in models]
+        sp = [
+            next(r["steps_per_s"] for r in rows if r["model"] == m and r["plan"] == p)
+            for m in models
+        ]
+        by = [
+            next(r["collective_bytes"] for r in rows if r["model"] == m and r["plan"] == p) / 1e6
+            for m in models
+        ]
         a.bar(x + i * 0.27, sp, 0.27, label=p)
         b.bar(x + i * 0.27, by, 0.27, label=p)
     for ax, t in ((a, "steps/s (8 fake CPU devices)"), (b, "collective MB/step per device")):
