@@ -253,6 +253,12 @@ class EmbeddingCollection(nnx.Module):
             if (g.optimizer or self.optimizer) is not None
         }
 
+    def lowered_optimizers(self) -> dict[str, SparseOptimizer] | None:
+        """Table -> optimizer when the collection has per-table optimizers, else None."""
+        if all(g.optimizer is None for g in self.lowered.groups):
+            return None
+        return {t: g.optimizer for g in self.lowered.groups for t in g.tables}
+
     def init_optimizer(self, optimizer: SparseOptimizer) -> None:
         """One optimizer for every table: creates the slots of every buffer (sharded like
         the buffers). Per-table optimizers are given to the constructor instead."""

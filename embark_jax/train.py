@@ -10,7 +10,9 @@ gradient exists for sharded tables. The same code runs on one process or many
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -28,10 +30,12 @@ from jax.sharding import PartitionSpec as P
 from embark_jax import comm
 from embark_jax.collection import EmbeddingCollection, apply_gradients_fn, lookup_fn
 from embark_jax.data import Batch
+from embark_jax.lowering import lower
 from embark_jax.metrics import StreamingAUC
 from embark_jax.models import DenseConfig, make_model
 from embark_jax.optimizers import SparseOptimizer
 from embark_jax.plan import Plan
+from embark_jax.routing import DEFAULT_CAPACITY_FACTOR
 from embark_jax.sparse import SparseFeatures
 from embark_jax.specs import EmbeddingConfig
 
@@ -40,6 +44,18 @@ __all__ = ["NonFiniteLossError", "Trainer", "bce_loss"]
 
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or inf; the message names the step."""
+
+
+def _maybe_inject_fault(step: int) -> None:
+    """Fault injection for tests: EMBARK_FAULT_EXIT="process:step" makes that process die
+    abruptly (exit code 3) before that step, as a crashed host would."""
+    spec = os.environ.get("EMBARK_FAULT_EXIT")
+    if not spec:
+        return
+    proc, at = (int(x) for x in spec.split(":"))
+    if jax.process_index() == proc and step == at:
+        sys.stdout.flush()
+        os._exit(3)
 
 
 def bce_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -55,8 +71,13 @@ class Trainer:
       dense: the dense net (`DenseConfig`); num_dense: dense features per sample.
       sparse_optimizer: one `SparseOptimizer` or a mapping table name -> optimizer.
       dense_optimizer: an optax transformation (default Adam 1e-3).
-      hierarchical, comm_dtype, strict: passed to the collection (`comm_dtype="bfloat16"`
-        sends embedding vectors and their gradients in bf16).
+      hierarchical, comm_dtype: passed to the collection (`comm_dtype="bfloat16"` sends
+        embedding vectors and their gradients in bf16).
+      overflow_policy: what a routing/dedup capacity overflow does: `count` (report it in
+        the step's stats and `overflow_total`), `error` (raise `CapacityOverflowError`), or
+        `grow` (count it, double the overflowing tables' capacities and recompile: later
+        steps fit; the ids dropped in the overflowing step got no update).
+      validate_inputs: check every batch on the host before it reaches a device.
     """
 
     def __init__(
@@ -71,9 +92,17 @@ class Trainer:
         seed: int = 0,
         hierarchical: bool = True,
         comm_dtype: str | None = None,
-        strict: bool = False,
+        overflow_policy: str = "count",
         capacity_factor: float | None = None,
+        validate_inputs: bool = True,
     ):
+        if overflow_policy not in ("count", "error", "grow"):
+            raise ValueError(
+                f"overflow_policy must be count, error or grow, got {overflow_policy!r}"
+            )
+        self.overflow_policy = overflow_policy
+        self.validate_inputs = validate_inputs
+        self.num_dense = num_dense
         self.config = config
         self.plan = plan
         self.mesh = plan.make_mesh()
@@ -86,7 +115,7 @@ class Trainer:
             rngs=rngs,
             hierarchical=hierarchical,
             capacity_factor=capacity_factor,
-            strict=strict,
+            strict=overflow_policy == "error",
             optimizer=sparse_optimizer,
             comm_dtype=comm_dtype,
         )
@@ -176,8 +205,57 @@ class Trainer:
 
     # --- public ------------------------------------------------------------------------
 
+    def check_batch(self, batch: Batch) -> None:
+        """Host-side checks of a training batch; `ValueError` naming what is wrong."""
+        labels = np.asarray(batch.labels)
+        b = int(labels.shape[0]) if labels.ndim else 0
+        g = self.plan.topology.num_devices
+        if b == 0:
+            raise ValueError("empty batch: no samples")
+        if b % g:
+            raise ValueError(f"batch size {b} is not a multiple of the {g} devices")
+        if labels.shape != (b,) or not np.all((labels == 0) | (labels == 1)):
+            raise ValueError(f"labels must be [B] zeros and ones, got shape {labels.shape}")
+        dense = np.asarray(batch.dense)
+        if dense.shape != (b, self.num_dense):
+            raise ValueError(f"dense features must be [{b}, {self.num_dense}], got {dense.shape}")
+        if not np.issubdtype(dense.dtype, np.number) or not np.all(np.isfinite(dense)):
+            bad = np.argwhere(~np.isfinite(dense.astype(np.float64)))
+            pos = tuple(int(i) for i in bad[0]) if len(bad) else ()
+            raise ValueError(f"dense features must be finite numbers; bad value at {pos}")
+        sparse = batch.sparse
+        missing = sorted({f.name for f in self.config.features} - set(sparse.ids))
+        if missing:
+            raise ValueError(f"features {missing} are missing from the batch")
+        if sparse.batch_size != b:
+            raise ValueError(f"sparse batch size {sparse.batch_size} != {b} labels")
+        for f in self.config.features:
+            if sparse.hotness(f.name) != f.max_hotness:
+                raise ValueError(
+                    f"feature {f.name!r}: ids are [B, {sparse.hotness(f.name)}], "
+                    f"the step is compiled for max_hotness {f.max_hotness}"
+                )
+        sparse.validate(self.config)
+
+    def _grow(self, overflow: Mapping[str, int]) -> None:
+        """Doubles the capacities of the tables that overflowed and recompiles the step."""
+        tables = []
+        for tp in self.plan.tables:
+            if overflow.get(tp.name, 0) > 0:
+                cf = 2.0 * (tp.capacity_factor or DEFAULT_CAPACITY_FACTOR)
+                uc = None if tp.unique_capacity is None else 2 * tp.unique_capacity
+                tp = dataclasses.replace(tp, capacity_factor=cf, unique_capacity=uc)
+            tables.append(tp)
+        self.plan = dataclasses.replace(self.plan, tables=tuple(tables))
+        coll = self.collection
+        coll.lowered = lower(self.plan, self.config, coll.lowered_optimizers())
+        self._step = jax.jit(self._train_step, donate_argnums=(0,))
+        self._eval = jax.jit(self._eval_step)
+
     def step(self, batch: Batch) -> dict[str, Any]:
         """One training step; returns loss, probabilities, labels and overflow (host)."""
+        if self.validate_inputs:
+            self.check_batch(batch)
         sparse, dense, labels = self.put_batch(batch)
         self.state, out = self._step(self.state, sparse, dense, labels)
         loss = float(out["loss"])
@@ -190,8 +268,10 @@ class Trainer:
         overflow = {t.name: int(out["overflow"][i]) for i, t in enumerate(self.plan.tables)}
         for k, v in overflow.items():
             self.overflow_total[k] += v
-        if self.collection.strict:
+        if self.overflow_policy == "error":
             self.collection.check_overflow(overflow)
+        elif self.overflow_policy == "grow" and any(overflow.values()):
+            self._grow(overflow)
         return {
             "loss": loss,
             "probs": self._host(out["probs"]),
@@ -233,17 +313,36 @@ class Trainer:
         return self._step._cache_size()
 
     def fit(
-        self, dataset, steps: int, *, start: int = 0, log_every: int = 10, out=sys.stdout
+        self,
+        dataset,
+        steps: int,
+        *,
+        start: int = 0,
+        log_every: int = 10,
+        out=sys.stdout,
+        checkpoint_dir: str | None = None,
+        save_every: int = 0,
     ) -> dict[str, Any]:
         """Trains `steps` steps from batch `start`; prints a progress line with loss and
-        samples/s; returns the training summary."""
+        samples/s; saves a checkpoint every `save_every` steps (and at the end) when
+        `checkpoint_dir` is set; returns the training summary."""
+        from embark_jax import checkpoint
+
         acc = StreamingAUC()
         t0 = time.perf_counter()
         first = None
         losses = []
         for i in range(steps):
+            _maybe_inject_fault(start + i)
             r = self.step(dataset.batch(start + i))
             losses.append(r["loss"])
+            if (
+                checkpoint_dir
+                and save_every
+                and ((start + i + 1) % save_every == 0 or i + 1 == steps)
+            ):
+                checkpoint.save(checkpoint_dir, self, data_position=start + i + 1)
+                self.last_checkpoint = checkpoint_dir
             acc.update(r["labels"], r["probs"])
             if i == 0:
                 first = time.perf_counter()  # the first step includes compilation

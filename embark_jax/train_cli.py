@@ -48,6 +48,20 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-batches", type=int, default=4)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--out", default="results/train_metrics.json", help="metrics JSON")
+    p.add_argument("--checkpoint-dir", default=None, help="save Orbax checkpoints here")
+    p.add_argument(
+        "--save-every",
+        type=int,
+        default=0,
+        help="steps between checkpoints (0: only at the end when --checkpoint-dir is set)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="restore the newest checkpoint in --checkpoint-dir (any plan or "
+        "device count) and continue from its data position",
+    )
+    p.add_argument("--overflow-policy", default="count", choices=("count", "error", "grow"))
 
 
 def _sparse_optimizer(name: str, lr: float):
@@ -137,15 +151,39 @@ def run_train(args) -> int:
         dense_optimizer=optax.adam(args.dense_lr),
         seed=args.seed,
         comm_dtype="bfloat16" if args.mixed_precision else None,
+        overflow_policy=args.overflow_policy,
     )
     ds = SyntheticDataset(config, batch_size=args.batch_size, seed=args.seed)
+    start = 0
+    if args.resume:
+        from embark_jax import checkpoint
+
+        if not args.checkpoint_dir:
+            say("error: --resume needs --checkpoint-dir")
+            return 2
+        if checkpoint.latest_step(args.checkpoint_dir) is None:
+            say(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
+        else:
+            meta = checkpoint.restore(args.checkpoint_dir, trainer)
+            start = meta["data_position"]
+            say(
+                f"resumed from {meta['path']} (step {meta['step']}, saved with "
+                f"{meta['plan'].topology.num_devices} devices); continuing at batch {start}"
+            )
     say(
         f"training {args.steps} steps, global batch {args.batch_size}, {g} devices on "
         f"{jax.process_count()} process(es), sparse {args.optimizer} lr {args.lr}"
     )
     t0 = time.perf_counter()
+    save_every = args.save_every or (args.steps if args.checkpoint_dir else 0)
     summary = trainer.fit(
-        ds, args.steps, log_every=args.log_every, out=sys.stdout if lead else None
+        ds,
+        args.steps,
+        start=start,
+        log_every=args.log_every,
+        out=sys.stdout if lead else None,
+        checkpoint_dir=args.checkpoint_dir,
+        save_every=save_every,
     )
     ev_metrics = trainer.evaluate([ds.batch(10**7 + i) for i in range(args.eval_batches)])
     comm_bytes = trainer.comm_bytes_per_step(ds.batch(0))

@@ -1,0 +1,139 @@
+"""Faults: a non-finite loss stops training naming the step and the last checkpoint; a dead
+process does not leave the others hanging; the capacity-overflow policies."""
+
+import json
+import time
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from embark_jax import checkpoint as ckpt
+from embark_jax import optimizers as O
+from embark_jax.collection import CapacityOverflowError
+from embark_jax.data import SyntheticDataset
+from embark_jax.models import DenseConfig
+from embark_jax.plan import Plan, TablePlan, Topology
+from embark_jax.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.train import NonFiniteLossError, Trainer
+from tests.test_train_cli import SMALL, run
+
+CFG = EmbeddingConfig.create(
+    [TableConfig(name="rw", vocab_size=64, dim=4), TableConfig(name="tw", vocab_size=9, dim=4)],
+    [
+        FeatureConfig(name="f", table="rw", max_hotness=8),
+        FeatureConfig(name="g", table="tw", max_hotness=1),
+    ],
+)
+DENSE = DenseConfig(kind="dcnv2", bottom=(4,), top=(4, 1), cross_layers=1, cross_rank=2)
+
+
+def make(policy="count", factor=None):
+    plan = Plan(
+        topology=Topology(num_nodes=1, devices_per_node=8),
+        batch_size=32,
+        tables=(
+            TablePlan(
+                name="rw",
+                cluster="rb",
+                row_shards=4,
+                column_shards=1,
+                devices=((0, 2, 4, 6),),
+                capacity_factor=factor,
+            ),
+            TablePlan(name="tw", cluster="rb", row_shards=1, column_shards=1, devices=((1,),)),
+        ),
+    )
+    return Trainer(
+        CFG,
+        plan,
+        dense=DENSE,
+        sparse_optimizer=O.SGD(learning_rate=0.1),
+        dense_optimizer=optax.sgd(0.1),
+        overflow_policy=policy,
+    )
+
+
+def test_nan_loss_names_the_step_and_last_checkpoint(tmp_path):
+    tr = make()
+    ds = SyntheticDataset(CFG, batch_size=32, seed=0)
+    tr.fit(ds, 2, out=None, checkpoint_dir=str(tmp_path), save_every=1)
+    # a diverged model (as after a bad update): the next loss is NaN
+    tr.state["dense"] = jax.tree.map(lambda x: x * np.float32(np.nan), tr.state["dense"])
+    with pytest.raises(NonFiniteLossError, match=r"at step 3; last good checkpoint: .+") as e:
+        tr.step(ds.batch(2))
+    assert str(tmp_path) in str(e.value)
+    assert ckpt.latest_step(str(tmp_path)) == 2
+
+
+def test_overflow_policies():
+    ds = SyntheticDataset(CFG, batch_size=32, seed=1, alpha=0.0)  # uniform ids: no luck
+    counted = make("count", factor=0.2)
+    r = counted.step(ds.batch(0))
+    assert r["overflow"]["rw"] > 0 and counted.overflow_total["rw"] == r["overflow"]["rw"]
+    with pytest.raises(CapacityOverflowError, match="'rw'"):
+        make("error", factor=0.2).step(ds.batch(0))
+    grow = make("grow", factor=0.2)
+    first = grow.step(ds.batch(0))["overflow"]["rw"]
+    later = [grow.step(ds.batch(i))["overflow"]["rw"] for i in range(1, 6)]
+    assert first > 0 and later[-1] == 0
+    assert grow.plan.table("rw").capacity_factor > 0.2  # grew, and the step recompiled
+
+
+@pytest.mark.slow
+def test_killed_process_ends_the_run_in_bounded_time():
+    t0 = time.monotonic()
+    r = run(
+        [
+            "launch",
+            "--nproc",
+            "2",
+            "--devices-per-proc",
+            "2",
+            "--grace",
+            "10",
+            "--",
+            "train",
+            "--steps",
+            "6",
+            *SMALL,
+        ],
+        timeout=240,
+        EMBARK_FAULT_EXIT="1:2",
+    )
+    elapsed = time.monotonic() - t0
+    assert r.returncode != 0
+    assert "exited with code 3" in r.stdout
+    assert elapsed < 200, elapsed
+
+
+@pytest.mark.slow
+def test_cli_checkpoint_and_resume_on_other_device_count(tmp_path):
+    d = tmp_path / "ck"
+    out1, out2, full = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    common = [*SMALL, "--optimizer", "adagrad", "--checkpoint-dir", str(d)]
+    r = run(["train", "--steps", "3", *common, "--save-every", "3", "--out", str(out1)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    # resume on 4 devices with the TRW baseline: restores, continues at batch 3
+    r = run(
+        [
+            "train",
+            "--steps",
+            "2",
+            *common,
+            "--resume",
+            "--devices",
+            "4",
+            "--baseline",
+            "trw",
+            "--out",
+            str(out2),
+        ]
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resumed from" in r.stdout and "saved with 8 devices" in r.stdout
+    r = run(["train", "--steps", "5", *SMALL, "--optimizer", "adagrad", "--out", str(full)])
+    assert r.returncode == 0
+    resumed, straight = json.loads(out2.read_text()), json.loads(full.read_text())
+    np.testing.assert_allclose(resumed["losses"], straight["losses"][3:], rtol=1e-4)
