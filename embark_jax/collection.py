@@ -190,6 +190,7 @@ class EmbeddingCollection(nnx.Module):
       optimizer: one `SparseOptimizer` for every table, or a mapping table -> optimizer
         (optional; `init_optimizer` / `apply_gradients(optimizer=...)` set one later).
       comm_dtype: dtype of embedding vectors on the wire (e.g. "bfloat16"); default: f32.
+      dp_gradients: how DP tables exchange gradients, "dense", "sparse" or "auto".
     """
 
     def __init__(
@@ -205,13 +206,17 @@ class EmbeddingCollection(nnx.Module):
         strict: bool = False,
         optimizer: SparseOptimizer | Mapping[str, SparseOptimizer] | None = None,
         comm_dtype: str | None = None,
+        dp_gradients: str = "auto",
     ):
         self.config = EmbeddingConfig.create(tables, features)
         per_table = optimizer if isinstance(optimizer, Mapping) else None
         self.lowered = lower(plan, self.config, per_table)
         self.mesh = mesh
         self.options = Options(
-            hierarchical=hierarchical, capacity_factor=capacity_factor, comm_dtype=comm_dtype
+            hierarchical=hierarchical,
+            capacity_factor=capacity_factor,
+            comm_dtype=comm_dtype,
+            dp_gradients=dp_gradients,
         )
         self.strict = strict
         if tuple(mesh.axis_names) != plan.axis_names:

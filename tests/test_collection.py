@@ -101,11 +101,19 @@ def test_forward_matches_reference(coll):
 
 
 @pytest.mark.parametrize(
-    "opt", [O.SGD(learning_rate=0.5), O.Adagrad(learning_rate=0.3)], ids=["sgd", "adagrad"]
+    ("opt", "dp_grads"),
+    [
+        (O.SGD(learning_rate=0.5), "dense"),
+        (O.Adagrad(learning_rate=0.3), "sparse"),
+        (O.Adam(learning_rate=0.1), "dense"),
+    ],
+    ids=["sgd", "adagrad", "adam"],
 )
-def test_apply_gradients_matches_reference(opt):
+def test_apply_gradients_matches_reference(opt, dp_grads):
     plan = mixed_plan(num_nodes=2)
-    coll = EmbeddingCollection(TABLES, FEATURES, plan, plan.make_mesh(), rngs=nnx.Rngs(1))
+    coll = EmbeddingCollection(
+        TABLES, FEATURES, plan, plan.make_mesh(), rngs=nnx.Rngs(1), dp_gradients=dp_grads
+    )
     batch = make_batch(2)
     before = coll.full_tables()
     rng = np.random.default_rng(3)

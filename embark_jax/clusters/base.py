@@ -34,12 +34,15 @@ __all__ = ["ClusterBase", "FeatureInput", "Options"]
 @dataclasses.dataclass(frozen=True)
 class Options:
     """Static settings of the routing: hierarchical RB on a 2-D mesh, the default capacity
-    factor, and the dtype embedding vectors (and their gradients) travel in (e.g. bfloat16
-    for mixed precision; None keeps the table dtype)."""
+    factor, the dtype embedding vectors (and their gradients) travel in (e.g. bfloat16
+    for mixed precision; None keeps the table dtype), and how DP tables exchange gradients:
+    a dense all-reduce of `[V, d]` or an all-gather of the per-id gradients ("auto": the
+    fewer bytes)."""
 
     hierarchical: bool = True
     capacity_factor: float | None = None
     comm_dtype: str | None = None
+    dp_gradients: str = "auto"  # DP gradient exchange: "dense", "sparse" or the cheaper
 
     def to_wire(self, x):
         return x if self.comm_dtype is None else x.astype(self.comm_dtype)

@@ -1,6 +1,8 @@
 """Data-parallel cluster: every device holds a replica; lookups are local. The backward
-gathers every device's sparse row gradients (all-gather over the mesh) and applies the same
-merged update on every replica, so replicas stay identical and lazy optimizers stay lazy."""
+exchanges gradients by whichever moves fewer bytes, a dense all-reduce of the `[V, d]`
+gradient (small tables) or an all-gather of every device's per-id gradients (large ones),
+and applies the same update of the touched rows on every replica, so replicas stay
+identical and lazy optimizers stay lazy."""
 
 from __future__ import annotations
 
@@ -53,8 +55,21 @@ class DPCluster(ClusterBase):
             scale = id_scale(r["rows"], seg, n_out, r["w"], f.combiner, None)
             grads.append(jnp.take(g, seg, axis=0) * scale[:, None])
             rows.append(jnp.where(scale != 0, r["rows"], -1))
-        rows = jax.lax.all_gather(jnp.concatenate(rows), self.axis_names, tiled=True)
-        grads = jax.lax.all_gather(jnp.concatenate(grads), self.axis_names, tiled=True)
+        rows, grads = jnp.concatenate(rows), jnp.concatenate(grads)
+        vocab, width = buffer.shape
+        dense_bytes = 2 * vocab * (width + 1) * 4  # all-reduce of grads + touched counts
+        sparse_bytes = self.num_devices * rows.shape[0] * (width + 1) * 4
+        mode = self.options.dp_gradients
+        if mode == "dense" or (mode == "auto" and dense_bytes < sparse_bytes):
+            # dense all-reduce, then the sparse update of the rows any replica touched
+            # (untouched rows stay untouched: lazy optimizers stay lazy)
+            g = jax.lax.psum(ops.segment_sum(grads, rows, vocab), self.axis_names)
+            ones = jnp.ones(rows.shape, jnp.float32)
+            touched = jax.lax.psum(ops.segment_sum(ones, rows, vocab), self.axis_names)
+            rows_all = jnp.where(touched > 0, jnp.arange(vocab, dtype=jnp.int32), -1)
+            return ops.sparse_update(buffer, state, rows_all, g, optimizer, assume_unique=True)
+        rows = jax.lax.all_gather(rows, self.axis_names, tiled=True)
+        grads = jax.lax.all_gather(grads, self.axis_names, tiled=True)
         return self.owner_sparse_update(
             buffer, state, rows, None, None, grads, optimizer, Combiner.NONE
         )

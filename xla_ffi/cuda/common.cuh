@@ -55,6 +55,11 @@ inline unsigned GridFor(int64_t work_items, int per_block) {
   return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
 }
 
+// Copies src to dst on the stream unless XLA aliased them (input_output_aliases).
+inline void CopyIfNotAliasedAsync(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (dst != src) cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+}
+
 inline ffi::Error CudaStatus(const char* what) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {

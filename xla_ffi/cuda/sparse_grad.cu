@@ -160,15 +160,9 @@ ffi::Error SparseGradUpdateCudaImpl(
     return InvalidArgument("sparse_grad_update: bad operands");
   }
   // Outputs alias inputs (input_output_aliases); copy on the stream if XLA did not alias.
-  if (table_out->untyped_data() != table.untyped_data())
-    cudaMemcpyAsync(table_out->untyped_data(), table.untyped_data(), table.size_bytes(),
-                    cudaMemcpyDeviceToDevice, stream);
-  if (slot_a_out->typed_data() != slot_a.typed_data())
-    cudaMemcpyAsync(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes(),
-                    cudaMemcpyDeviceToDevice, stream);
-  if (slot_b_out->typed_data() != slot_b.typed_data())
-    cudaMemcpyAsync(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes(),
-                    cudaMemcpyDeviceToDevice, stream);
+  CopyIfNotAliasedAsync(table_out->untyped_data(), table.untyped_data(), table.size_bytes(), stream);
+  CopyIfNotAliasedAsync(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes(), stream);
+  CopyIfNotAliasedAsync(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes(), stream);
   const bool ids64 = ids.element_type() == ffi::DataType::S64;
   DedupView v;
   ffi::Error err = RunDedup(stream, ids.untyped_data(), ids64, ids.element_count(),

@@ -42,15 +42,9 @@ ffi::Error SparseUpdateCudaImpl(cudaStream_t stream, ffi::AnyBuffer table,
       optimizer > kDevAdam) {
     return InvalidArgument("sparse_update: bad operands");
   }
-  if (table_out->untyped_data() != table.untyped_data())
-    cudaMemcpyAsync(table_out->untyped_data(), table.untyped_data(), table.size_bytes(),
-                    cudaMemcpyDeviceToDevice, stream);
-  if (slot_a_out->typed_data() != slot_a.typed_data())
-    cudaMemcpyAsync(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes(),
-                    cudaMemcpyDeviceToDevice, stream);
-  if (slot_b_out->typed_data() != slot_b.typed_data())
-    cudaMemcpyAsync(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes(),
-                    cudaMemcpyDeviceToDevice, stream);
+  CopyIfNotAliasedAsync(table_out->untyped_data(), table.untyped_data(), table.size_bytes(), stream);
+  CopyIfNotAliasedAsync(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes(), stream);
+  CopyIfNotAliasedAsync(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes(), stream);
   const bool rows64 = rows.element_type() == ffi::DataType::S64;
   const unsigned grid = GridFor(gd[0], 8);
   if (table.element_type() == ffi::DataType::F32) {
