@@ -137,3 +137,33 @@ def test_cli_checkpoint_and_resume_on_other_device_count(tmp_path):
     assert r.returncode == 0
     resumed, straight = json.loads(out2.read_text()), json.loads(full.read_text())
     np.testing.assert_allclose(resumed["losses"], straight["losses"][3:], rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_checkpoint_from_one_process_restores_on_two(tmp_path):
+    d = tmp_path / "ck"
+    r = run(["train", "--steps", "2", *SMALL, "--checkpoint-dir", str(d)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run(
+        [
+            "launch",
+            "--nproc",
+            "2",
+            "--devices-per-proc",
+            "2",
+            "--",
+            "train",
+            "--steps",
+            "1",
+            *SMALL,
+            "--checkpoint-dir",
+            str(d),
+            "--resume",
+            "--out",
+            str(tmp_path / "m.json"),
+        ]
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resumed from" in r.stdout and "saved with 8 devices" in r.stdout
+    assert ckpt.latest_step(str(d)) == 3  # and the 2-process run saved its own checkpoint
+    assert json.loads((tmp_path / "m.json").read_text())["processes"] == 2
