@@ -45,28 +45,21 @@ class HardwareTopology:
         return dataclasses.replace(self, num_nodes=num_nodes, devices_per_node=devices_per_node)
 
 
+# DGX H100: 80 GB HBM3 ~3.35 TB/s, NVLink4 ~450 GB/s per direction, 400 Gb/s IB per GPU
+_DGX_H100 = HardwareTopology(
+    name="dgx-h100",
+    num_nodes=1,
+    devices_per_node=8,
+    memory_bytes=80 * GB,
+    memory_bw=3350 * GB,
+    intra_bw=450 * GB,
+    inter_bw=50 * GB,
+    dense_flops=4e14,
+)
 PRESETS = {
-    # DGX H100: 80 GB HBM3 ~3.35 TB/s, NVLink4 ~450 GB/s per direction, 400 Gb/s IB per GPU
-    "dgx-h100": HardwareTopology(
-        name="dgx-h100",
-        num_nodes=1,
-        devices_per_node=8,
-        memory_bytes=80 * GB,
-        memory_bw=3350 * GB,
-        intra_bw=450 * GB,
-        inter_bw=50 * GB,
-        dense_flops=4e14,
-    ),
-    "h200": HardwareTopology(
-        name="h200",
-        num_nodes=1,
-        devices_per_node=8,
-        memory_bytes=141 * GB,
-        memory_bw=4800 * GB,
-        intra_bw=450 * GB,
-        inter_bw=50 * GB,
-        dense_flops=4e14,
-    ),
+    "dgx-h100": _DGX_H100,
+    # H200: the same node design with 141 GB of HBM3e at ~4.8 TB/s
+    "h200": dataclasses.replace(_DGX_H100, name="h200", memory_bytes=141 * GB, memory_bw=4800 * GB),
 }
 
 _CACHE = os.path.join(os.path.expanduser("~"), ".cache", "embark_jax", "calibration.json")
