@@ -225,15 +225,10 @@ class EmbeddingCollection(nnx.Module):
                 "build the mesh with plan.make_mesh()"
             )
         key = rngs.params()
-        full = {
-            t.name: np.asarray(t.init(jax.random.fold_in(key, i)))
-            for i, t in enumerate(self.config.tables)
-        }
+        sharding = self.lowered.sharding(mesh)
         self.buffers = nnx.Dict(
             {
-                g.name: EmbeddingTable(
-                    jax.device_put(self.lowered.stack(full, g), self.lowered.sharding(mesh))
-                )
+                g.name: EmbeddingTable(self.lowered.init_buffer(g, key, sharding))
                 for g in self.lowered.groups
             }
         )

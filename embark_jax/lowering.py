@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from embark_jax.optimizers import SparseOptimizer
 from embark_jax.plan import Cluster, Plan
-from embark_jax.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.specs import EmbeddingConfig, FeatureConfig, TableConfig, default_initializer
 
 __all__ = ["Group", "Lowered", "Shard", "lower", "shard_rows"]
 
@@ -106,7 +106,37 @@ class Lowered:
     def table(self, name: str) -> TableConfig:
         return self.config.table_by_name[name]
 
-    # --- host-side assembly (init, full_tables, gradients) -------------------------------
+    # --- initialisation --------------------------------------------------------------------
+
+    def init_buffer(self, group: Group, key: jax.Array, sharding: NamedSharding) -> jax.Array:
+        """A freshly initialised group buffer, built shard by shard on the devices' own
+        processes (no host ever holds a whole table). Each shard gets its own key, folded
+        from (table, column slice, row shard); dp replicas share theirs so they are equal.
+        A table's initializer is called per shard with shape `(rows, width)`."""
+        index_of = {t.name: i for i, t in enumerate(self.config.tables)}
+        dtype = jnp.dtype(group.dtype)
+
+        def block(g: int) -> np.ndarray:
+            out = np.zeros((group.rows_per_device, group.width), dtype)
+            for s in group.shards:
+                if s.device != g:
+                    continue
+                t = self.table(s.table)
+                init = t.initializer or default_initializer(t.dim)
+                j = 0 if group.cluster is Cluster.DP else s.j
+                k = jax.random.fold_in(jax.random.fold_in(key, index_of[s.table]), s.k * 65536 + j)
+                rows = slice(s.row_offset, s.row_offset + s.rows)
+                out[rows] = np.asarray(init(k, (s.rows, s.width), dtype))
+            return out
+
+        def callback(index):
+            devs = range(self.num_devices)[index[0]]
+            return np.stack([block(g) for g in devs])
+
+        shape = (self.num_devices, group.rows_per_device, group.width)
+        return jax.make_array_from_callback(shape, sharding, callback)
+
+    # --- host-side assembly (full_tables, gradients) ----------------------------------------
 
     def stack(self, tables: Mapping[str, np.ndarray], group: Group) -> np.ndarray:
         """Full tables -> the group's `[G, rows_per_device, width]` buffer (host numpy)."""

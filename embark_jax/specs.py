@@ -77,7 +77,8 @@ class TableConfig:
       vocab_size: number of rows V; valid ids are [0, V).
       dim: embedding dimension d (columns).
       dtype: storage dtype, float32 (default) or bfloat16.
-      initializer: `init(key, shape, dtype)`; default uniform(+-1/sqrt(dim)).
+      initializer: `init(key, shape, dtype)`; default uniform(+-1/sqrt(dim)). A sharded
+        table calls it once per shard, with that shard's `(rows, width)` shape.
     """
 
     name: str
