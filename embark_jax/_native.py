@@ -15,7 +15,7 @@ import re
 import jax
 import jaxlib
 
-__all__ = ["BuildInfo", "build_info", "registered_targets"]
+__all__ = ["NativeBuildError", "build_info", "registered_targets"]
 
 _REGISTERED: dict[str, set[str]] = {}
 
@@ -100,5 +100,4 @@ def build_info() -> dict[str, object]:
     }
 
 
-BuildInfo = dict
 _register_all()

@@ -22,7 +22,8 @@ def forward(config, tables, batch):
 
 
 def update(config, tables, batch, grads, optimizer, states=None):
-    """Returns (new tables, new states) after one sparse step on every table."""
+    """Returns (new tables, new states) after one sparse step on every table; `optimizer`
+    is one for all tables or a dict table name -> optimizer."""
     new_t, new_s = {}, {}
     b = batch.batch_size
     for t in config.tables:
@@ -39,8 +40,9 @@ def update(config, tables, batch, grads, optimizer, states=None):
         rows, per_id = jnp.concatenate(rows), jnp.concatenate(per_id)
         uniq, merged = ops.merge_duplicate_rows(rows, per_id, backend="reference")
         table = jnp.asarray(tables[t.name])
-        state = optimizer.init(table) if states is None else states[t.name]
-        table, state = optimizer.update(table, state, uniq, merged)
+        opt = optimizer[t.name] if isinstance(optimizer, dict) else optimizer
+        state = opt.init(table) if states is None else states[t.name]
+        table, state = opt.update(table, state, uniq, merged)
         new_t[t.name], new_s[t.name] = np.asarray(table), state
     del b
     return new_t, new_s

@@ -56,8 +56,18 @@ def mixed_plan(batch=32):
 DENSE = DenseConfig(kind="dlrm", bottom=(16, D), top=(16, 1))
 
 
+PER_TABLE = {
+    "dp": O.SGD(learning_rate=0.5),
+    "rw": O.Adagrad(learning_rate=0.2),
+    "rc": O.Adam(learning_rate=0.1),
+    "ub": O.RowWiseAdagrad(learning_rate=0.3),
+}
+
+
 @pytest.mark.parametrize(
-    "opt", [O.SGD(learning_rate=0.5), O.Adagrad(learning_rate=0.2)], ids=["sgd", "adagrad"]
+    "opt",
+    [O.SGD(learning_rate=0.5), O.Adagrad(learning_rate=0.2), PER_TABLE],
+    ids=["sgd", "adagrad", "per-table"],
 )
 def test_one_step_equals_single_device_reference(opt):
     tr = Trainer(
