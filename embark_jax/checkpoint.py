@@ -11,7 +11,8 @@ optax state, the step, the data position and the plan (for reference):
 Saving and restoring stream table by table: at most one table (and its slots) is on the host
 at a time; restoring writes each table's rows straight into the new plan's device buffers.
 A save goes to `step_N.tmp-*` and is renamed when complete, so a crash mid-save leaves the
-previous checkpoint usable (and `latest_step` never sees a partial one).
+previous checkpoint usable (and `latest_step` never sees a partial one). `save_async`
+writes in a background thread from an on-device snapshot while training continues.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import functools
 import json
 import os
 import shutil
+import threading
+import types
 import uuid
 from typing import Any
 
@@ -33,7 +36,16 @@ from jax.sharding import PartitionSpec as P
 from embark_jax.lowering import Lowered
 from embark_jax.plan import Cluster, Plan
 
-__all__ = ["FORMAT", "export_table", "import_table", "latest_step", "restore", "save"]
+__all__ = [
+    "FORMAT",
+    "PendingSave",
+    "export_table",
+    "import_table",
+    "latest_step",
+    "restore",
+    "save",
+    "save_async",
+]
 
 FORMAT = "embark-ckpt/1"
 
@@ -171,6 +183,55 @@ def write_table(
 
 
 # --- save / restore -----------------------------------------------------------------------
+
+
+class PendingSave:
+    """An asynchronous save in flight: `wait()` blocks until it is on disk (and re-raises
+    its error, if any); `path` is where it will be."""
+
+    def __init__(self, path: str, thread: threading.Thread, box: dict):
+        self.path, self._thread, self._box = path, thread, box
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> str:
+        self._thread.join()
+        if "error" in self._box:
+            raise self._box["error"]
+        return self.path
+
+
+def save_async(
+    directory: str,
+    trainer,
+    *,
+    step: int | None = None,
+    data_position: int | None = None,
+    max_to_keep: int | None = 3,
+) -> PendingSave:
+    """Like `save`, but writes in a background thread while training goes on.
+
+    The state is first copied on the devices (training donates its buffers at the next
+    step), which costs one extra copy of the tables and slots in device memory until the
+    save is done. Single-process runs only (the multi-process save synchronises processes).
+    """
+    if jax.process_count() > 1:
+        raise ValueError("asynchronous saves are single-process only; use save()")
+    step = int(trainer.state["step"]) if step is None else step
+    snapshot = jax.block_until_ready(jax.tree.map(jnp.copy, trainer.state))
+    frozen = types.SimpleNamespace(state=snapshot, collection=trainer.collection)
+    box: dict = {}
+
+    def run():
+        try:
+            save(directory, frozen, step=step, data_position=data_position, max_to_keep=max_to_keep)
+        except BaseException as e:  # surfaced by wait()
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name=f"embark-ckpt-{step}", daemon=True)
+    thread.start()
+    return PendingSave(_step_dir(directory, step), thread, box)
 
 
 def save(

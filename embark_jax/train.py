@@ -322,16 +322,19 @@ class Trainer:
         out=sys.stdout,
         checkpoint_dir: str | None = None,
         save_every: int = 0,
+        async_save: bool = False,
     ) -> dict[str, Any]:
         """Trains `steps` steps from batch `start`; prints a progress line with loss and
         samples/s; saves a checkpoint every `save_every` steps (and at the end) when
-        `checkpoint_dir` is set; returns the training summary."""
+        `checkpoint_dir` is set (in the background with `async_save`, one save in flight at a
+        time); returns the training summary."""
         from embark_jax import checkpoint
 
         acc = StreamingAUC()
         t0 = time.perf_counter()
         first = None
         losses = []
+        pending = None
         for i in range(steps):
             _maybe_inject_fault(start + i)
             r = self.step(dataset.batch(start + i))
@@ -341,8 +344,16 @@ class Trainer:
                 and save_every
                 and ((start + i + 1) % save_every == 0 or i + 1 == steps)
             ):
-                checkpoint.save(checkpoint_dir, self, data_position=start + i + 1)
-                self.last_checkpoint = checkpoint_dir
+                if pending is not None:
+                    self.last_checkpoint = pending.wait()
+                if async_save:
+                    pending = checkpoint.save_async(
+                        checkpoint_dir, self, data_position=start + i + 1
+                    )
+                else:
+                    self.last_checkpoint = checkpoint.save(
+                        checkpoint_dir, self, data_position=start + i + 1
+                    )
             acc.update(r["labels"], r["probs"])
             if i == 0:
                 first = time.perf_counter()  # the first step includes compilation
@@ -357,6 +368,8 @@ class Trainer:
                 )
                 out.write("\n" if not out.isatty() or done == steps else "")
                 out.flush()
+        if pending is not None:
+            self.last_checkpoint = pending.wait()
         end = time.perf_counter()
         timed = max(steps - 1, 1)
         return {

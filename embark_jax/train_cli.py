@@ -62,6 +62,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         "device count) and continue from its data position",
     )
     p.add_argument("--overflow-policy", default="count", choices=("count", "error", "grow"))
+    p.add_argument(
+        "--async-checkpoint",
+        action="store_true",
+        help="write checkpoints in the background (single process)",
+    )
 
 
 def _sparse_optimizer(name: str, lr: float):
@@ -184,6 +189,7 @@ def run_train(args) -> int:
         out=sys.stdout if lead else None,
         checkpoint_dir=args.checkpoint_dir,
         save_every=save_every,
+        async_save=args.async_checkpoint and jax.process_count() == 1,
     )
     ev_metrics = trainer.evaluate([ds.batch(10**7 + i) for i in range(args.eval_batches)])
     comm_bytes = trainer.comm_bytes_per_step(ds.batch(0))

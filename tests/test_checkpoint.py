@@ -158,3 +158,19 @@ def test_restore_rejects_mismatched_tables(tmp_path):
         ckpt.restore(str(tmp_path), trainer(mixed_plan(), opt=O.Adagrad(learning_rate=0.1)))
     with pytest.raises(FileNotFoundError):
         ckpt.restore(str(tmp_path / "nothing"), a)
+
+
+def test_async_save_snapshots_the_state_while_training_goes_on(tmp_path):
+    ds = SyntheticDataset(CFG, batch_size=B, seed=12)
+    a = trainer(mixed_plan())
+    a.step(ds.batch(0))
+    want = all_tables(a)
+    pending = ckpt.save_async(str(tmp_path), a, data_position=1)
+    for i in range(1, 3):  # donates and changes the live state meanwhile
+        a.step(ds.batch(i))
+    assert pending.wait().endswith("step_00000001") and pending.done()
+    b = trainer(mixed_plan(), seed=5)
+    ckpt.restore(str(tmp_path), b)
+    got = all_tables(b)
+    for name in want:
+        np.testing.assert_array_equal(got[name]["table"], want[name]["table"])
