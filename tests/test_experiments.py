@@ -28,3 +28,22 @@ def test_training_benchmark_quick(tmp_path):
     assert {r["plan"] for r in rows} == {"embark", "trw", "rw"}
     assert all(r["collective_bytes"] > 0 and r["steps_per_s"] > 0 for r in rows)
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_paper_eval_quick_and_notebook_is_valid(tmp_path):
+    import json
+    import os
+
+    from experiments.paper_eval.main import main as paper_main
+
+    rows = paper_main(["--quick", "--out", str(tmp_path / "e.json")])
+    assert rows[0]["speedup"] >= 1.0 and (tmp_path / "e.png").exists()
+    nb_path = os.path.join(
+        os.path.dirname(__file__), "..", "experiments", "paper_eval", "paper_eval.ipynb"
+    )
+    with open(nb_path) as fh:
+        nb = json.load(fh)
+    code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    assert nb["nbformat"] == 4 and any("evaluate()" in c for c in code)
+    for c in code:  # every cell is valid Python
+        compile(c, "paper_eval.ipynb", "exec")
