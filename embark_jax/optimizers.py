@@ -88,7 +88,9 @@ class SparseOptimizer(abc.ABC):
         return (*arrays, dummy, dummy)[:2]
 
     def from_kernel_slots(self, state: Any, a: jax.Array, b: jax.Array) -> Any:
-        return state
+        """The state after the fused kernel returned slots `a` and `b`."""
+        n = sum(1 for x in state if x.ndim > 0)
+        return self._with_slots(state, (a, b)[:n])
 
     def update(self, table, state, rows, grads):
         """Reference update of the unique `rows` with `grads` [C, D] (float32)."""
@@ -99,10 +101,11 @@ class SparseOptimizer(abc.ABC):
         table = _scatter(table, rows, valid, new_w)
         full = [s for s in state if s.ndim > 0]
         full = [_scatter(f, rows, valid, n) for f, n in zip(full, new_slots, strict=True)]
-        return table, self._rebuild(state, full)
+        return table, self._with_slots(state, full)
 
-    def _rebuild(self, state, full):
-        return type(state)(*full)
+    def _with_slots(self, state, slots):
+        """The state after one update whose new slot arrays are `slots`."""
+        return type(state)(*slots)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -134,9 +137,6 @@ class Adagrad(SparseOptimizer):
     def hparams(self, state):
         return jnp.array([self.learning_rate, self.eps, 0.0, 0.0], jnp.float32)
 
-    def from_kernel_slots(self, state, a, b):
-        return AdagradState(a)
-
     def _rows_update(self, w, slots, g, state):
         acc = slots[0] + g * g
         return w - self.learning_rate * g / (jnp.sqrt(acc) + self.eps), (acc,)
@@ -156,9 +156,6 @@ class RowWiseAdagrad(SparseOptimizer):
 
     def hparams(self, state):
         return jnp.array([self.learning_rate, self.eps, 0.0, 0.0], jnp.float32)
-
-    def from_kernel_slots(self, state, a, b):
-        return RowWiseAdagradState(a)
 
     def _rows_update(self, w, slots, g, state):
         acc = slots[0] + jnp.mean(g * g, axis=1)
@@ -195,14 +192,11 @@ class Adam(SparseOptimizer):
             jnp.float32
         )
 
-    def from_kernel_slots(self, state, a, b):
-        return AdamState(a, b, state.count + 1)
-
     def _rows_update(self, w, slots, g, state):
         m = self.b1 * slots[0] + (1 - self.b1) * g
         v = self.b2 * slots[1] + (1 - self.b2) * g * g
         c1, c2 = self._corrections(state)
         return w - self.learning_rate * (m / c1) / (jnp.sqrt(v / c2) + self.eps), (m, v)
 
-    def _rebuild(self, state, full):
-        return AdamState(full[0], full[1], state.count + 1)
+    def _with_slots(self, state, slots):
+        return AdamState(slots[0], slots[1], state.count + 1)

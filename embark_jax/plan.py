@@ -92,10 +92,6 @@ class TablePlan:
             self, "devices", tuple(tuple(int(d) for d in col) for col in self.devices)
         )
 
-    @property
-    def hierarchical_ok(self) -> bool:
-        return self.cluster is Cluster.RB
-
     def shard_devices(self) -> list[tuple[int, int, int]]:
         """`(k, j, device)` of every shard (dp: one replica per device as j)."""
         return [(k, j, d) for k, col in enumerate(self.devices) for j, d in enumerate(col)]

@@ -93,18 +93,18 @@ def bench_point(p: Point, repeats: int = 5, lr: float = 0.01) -> dict:
     t_ffi_fwd = timeit(lambda: ffi_fwd(table, ids, seg), repeats)
     t_xla_fwd = timeit(lambda: xla_fwd(table, ids, seg), repeats)
 
-    @functools_partial_donate
+    @_jit_donating
     def ffi_train(t, g):  # fused backward + SGD, no gradient buffer
         t, _, _ = ops.lookup_pool_backward_update(t, opt.init(t), g, ids, seg, optimizer=opt)
         return t
 
-    @functools_partial_donate
+    @_jit_donating
     def ffi_two_op(t, g):  # lookup_pool_backward (dedup + reduce) then sparse_update
         rows, rg, _ = ops.lookup_pool_backward(g, ids, seg, capacity=capacity, combiner="sum")
         t, _ = ops.sparse_update(t, opt.init(t), rows, rg, opt, assume_unique=True)
         return t
 
-    @functools_partial_donate
+    @_jit_donating
     def xla_train(t, g):
         _, vjp = jax.vjp(lambda tt: xla_forward(tt, ids, seg, p.batch), t)
         return t - lr * vjp(g)[0]
@@ -130,30 +130,28 @@ def bench_point(p: Point, repeats: int = 5, lr: float = 0.01) -> dict:
     e = 4
     fwd_bytes = p.batch * p.hotness * p.dim * e + p.batch * p.dim * e
     bwd_bytes = p.batch * p.dim * e + p.batch * p.hotness * p.dim * e + 2 * unique_rows * p.dim * e
+    bwd = _rates(t_ffi_bwd, t_xla_bwd, bwd_bytes)
+    bwd.update(two_op_s=t_two_op, two_op_speedup=t_xla_bwd / t_two_op)
     return {
         "point": dataclasses.asdict(p) | {"name": p.name, "unique_rows": unique_rows},
-        "forward": {
-            "ffi_s": t_ffi_fwd,
-            "xla_s": t_xla_fwd,
-            "bytes": fwd_bytes,
-            "ffi_GBps": fwd_bytes / t_ffi_fwd / 1e9,
-            "xla_GBps": fwd_bytes / t_xla_fwd / 1e9,
-            "speedup": t_xla_fwd / t_ffi_fwd,
-        },
-        "backward_update": {
-            "ffi_s": t_ffi_bwd,
-            "xla_s": t_xla_bwd,
-            "bytes": bwd_bytes,
-            "ffi_GBps": bwd_bytes / t_ffi_bwd / 1e9,
-            "xla_GBps": bwd_bytes / t_xla_bwd / 1e9,
-            "speedup": t_xla_bwd / t_ffi_bwd,
-            "two_op_s": t_two_op,
-            "two_op_speedup": t_xla_bwd / t_two_op,
-        },
+        "forward": _rates(t_ffi_fwd, t_xla_fwd, fwd_bytes),
+        "backward_update": bwd,
     }
 
 
-def functools_partial_donate(fn):
+def _rates(t_ffi: float, t_xla: float, nbytes: int) -> dict:
+    """Times, GB/s of both paths for the same bytes, and the FFI speedup over XLA."""
+    return {
+        "ffi_s": t_ffi,
+        "xla_s": t_xla,
+        "bytes": nbytes,
+        "ffi_GBps": nbytes / t_ffi / 1e9,
+        "xla_GBps": nbytes / t_xla / 1e9,
+        "speedup": t_xla / t_ffi,
+    }
+
+
+def _jit_donating(fn):
     return jax.jit(fn, donate_argnums=(0,))
 
 
