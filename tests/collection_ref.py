@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from embark_jax import ops
+from embark_jax.core.specs import Combiner
 from embark_jax.ops.lookup import id_scale
-from embark_jax.specs import Combiner
 
 
 def forward(config, tables, batch):

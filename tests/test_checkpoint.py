@@ -8,12 +8,12 @@ import numpy as np
 import optax
 import pytest
 
-from embark_jax import checkpoint as ckpt
-from embark_jax import optimizers as O
-from embark_jax.data import SyntheticDataset
-from embark_jax.models import DenseConfig
+from embark_jax.data.synthetic import SyntheticDataset
+from embark_jax.ops import optimizers as O
 from embark_jax.planner import PRESETS, ModelSpec, baseline, plan
-from embark_jax.train import Trainer
+from embark_jax.training import checkpoint as ckpt
+from embark_jax.training.models import DenseConfig
+from embark_jax.training.trainer import Trainer
 from tests.test_train import CFG, mixed_plan
 
 DENSE = DenseConfig(kind="dcnv2", bottom=(8, 8), top=(8, 1), cross_layers=1, cross_rank=4)

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from embark_jax import optimizers as O
-from embark_jax.collection import CapacityOverflowError, EmbeddingCollection, lookup_fn
+from embark_jax.core.plan import Plan, PlanError, TablePlan, Topology
+from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.data.sparse import SparseFeatures
+from embark_jax.ops import optimizers as O
 from embark_jax.ops import reference
-from embark_jax.plan import Plan, PlanError, TablePlan, Topology
-from embark_jax.sparse import SparseFeatures
-from embark_jax.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.sharding.collection import CapacityOverflowError, EmbeddingCollection, lookup_fn
 from tests import collection_ref
 
 G = 8
@@ -233,7 +233,7 @@ def test_plan_json_round_trip_and_validation():
 
 
 def test_capacities_derived_from_observed_batches_remove_overflow():
-    from embark_jax.capacity import derive_capacities
+    from embark_jax.sharding.capacity import derive_capacities
 
     tables = [TableConfig(name="rw", vocab_size=64, dim=8)]
     features = [FeatureConfig(name="f", table="rw", max_hotness=8)]

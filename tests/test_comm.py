@@ -5,13 +5,13 @@ import jax
 import numpy as np
 from flax import nnx
 
-from embark_jax import comm
-from embark_jax.capacity import derive_capacities
-from embark_jax.collection import EmbeddingCollection, _jit_lookup
-from embark_jax.data import zipf_ranks
-from embark_jax.plan import Plan, TablePlan, Topology
-from embark_jax.sparse import SparseFeatures
-from embark_jax.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.core.plan import Plan, TablePlan, Topology
+from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.data.sparse import SparseFeatures
+from embark_jax.data.synthetic import zipf_ranks
+from embark_jax.sharding import hlo_bytes as comm
+from embark_jax.sharding.capacity import derive_capacities
+from embark_jax.sharding.collection import EmbeddingCollection, _jit_lookup
 
 G, B = 8, 64
 

@@ -1,7 +1,7 @@
 import numpy as np
 
 from embark_jax import EmbeddingConfig, FeatureConfig, TableConfig
-from embark_jax.data import SyntheticDataset, zipf_ranks
+from embark_jax.data.synthetic import SyntheticDataset, zipf_ranks
 
 CFG = EmbeddingConfig.create(
     [

@@ -1,6 +1,6 @@
 import json
 
-from embark_jax.__main__ import main
+from embark_jax.cli.main import main
 
 
 def test_demo_cli_learns_and_writes_metrics(tmp_path, capsys):

@@ -9,14 +9,14 @@ import numpy as np
 import optax
 import pytest
 
-from embark_jax import checkpoint as ckpt
-from embark_jax import optimizers as O
-from embark_jax.collection import CapacityOverflowError
-from embark_jax.data import SyntheticDataset
-from embark_jax.models import DenseConfig
-from embark_jax.plan import Plan, TablePlan, Topology
-from embark_jax.specs import EmbeddingConfig, FeatureConfig, TableConfig
-from embark_jax.train import NonFiniteLossError, Trainer
+from embark_jax.core.plan import Plan, TablePlan, Topology
+from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.data.synthetic import SyntheticDataset
+from embark_jax.ops import optimizers as O
+from embark_jax.sharding.collection import CapacityOverflowError
+from embark_jax.training import checkpoint as ckpt
+from embark_jax.training.models import DenseConfig
+from embark_jax.training.trainer import NonFiniteLossError, Trainer
 from tests.test_train_cli import SMALL, run
 
 CFG = EmbeddingConfig.create(

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from embark_jax import optimizers as O
-from embark_jax.data import Batch, SyntheticDataset
-from embark_jax.models import DenseConfig
-from embark_jax.plan import Plan, TablePlan, Topology
-from embark_jax.sparse import SparseFeatures
-from embark_jax.specs import EmbeddingConfig, FeatureConfig, TableConfig
-from embark_jax.train import Trainer
+from embark_jax.core.plan import Plan, TablePlan, Topology
+from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.data.sparse import SparseFeatures
+from embark_jax.data.synthetic import Batch, SyntheticDataset
+from embark_jax.ops import optimizers as O
+from embark_jax.training.models import DenseConfig
+from embark_jax.training.trainer import Trainer
 
 CFG = EmbeddingConfig.create(
     [TableConfig(name="t", vocab_size=50, dim=4), TableConfig(name="u", vocab_size=9, dim=4)],

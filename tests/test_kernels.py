@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from embark_jax import ops
-from embark_jax import optimizers as O
+from embark_jax.ops import optimizers as O
 from embark_jax.ops import reference
 from tests import numpy_ref
 

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embark_jax.__main__ import main
-from embark_jax.optimizers import SGD, Adagrad
-from embark_jax.plan import Cluster, Plan
+from embark_jax.cli.main import main
+from embark_jax.core.plan import Cluster, Plan
+from embark_jax.core.specs import Combiner
+from embark_jax.ops.optimizers import SGD, Adagrad
 from embark_jax.planner import (
     BASELINES,
     PRESETS,
@@ -25,7 +26,6 @@ from embark_jax.planner import (
     preset_names,
 )
 from embark_jax.planner import cost as C
-from embark_jax.specs import Combiner
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 HW1 = PRESETS["dgx-h100"]
@@ -232,8 +232,8 @@ def test_planned_mini_model_runs_on_8_devices():
     import jax
     from flax import nnx
 
-    from embark_jax.collection import EmbeddingCollection
-    from embark_jax.data import SyntheticDataset
+    from embark_jax.data.synthetic import SyntheticDataset
+    from embark_jax.sharding.collection import EmbeddingCollection
     from tests import collection_ref
 
     model = load_preset("dcnv2-mini")

@@ -8,12 +8,12 @@ import optax
 import pytest
 from flax import nnx
 
-from embark_jax import optimizers as O
-from embark_jax.data import SyntheticDataset
-from embark_jax.models import DenseConfig
-from embark_jax.plan import Plan, TablePlan, Topology
-from embark_jax.specs import EmbeddingConfig, FeatureConfig, TableConfig
-from embark_jax.train import Trainer, bce_loss
+from embark_jax.core.plan import Plan, TablePlan, Topology
+from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.data.synthetic import SyntheticDataset
+from embark_jax.ops import optimizers as O
+from embark_jax.training.models import DenseConfig
+from embark_jax.training.trainer import Trainer, bce_loss
 from tests import collection_ref
 
 D = 8

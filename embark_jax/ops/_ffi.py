@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from embark_jax import _native  # noqa: F401  (registers the targets)
+from embark_jax.ops import native  # noqa: F401  (registers the targets)
 
 
 def result_type(like: jax.Array, shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:

@@ -7,9 +7,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from embark_jax.core.specs import Combiner
 from embark_jax.ops import _ffi, reference
 from embark_jax.ops.backend import Backend, resolve
-from embark_jax.specs import Combiner
 
 __all__ = ["lookup_pool", "lookup_pool_backward", "unique"]
 

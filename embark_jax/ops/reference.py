@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from embark_jax.specs import Combiner
+from embark_jax.core.specs import Combiner
 
 __all__ = ["lookup_pool", "pool_denominator", "segment_sum", "unique"]
 

@@ -7,11 +7,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from embark_jax.core.specs import Combiner
 from embark_jax.ops import _ffi, reference
 from embark_jax.ops.backend import Backend, resolve
 from embark_jax.ops.lookup import id_scale, lookup_pool_backward
-from embark_jax.optimizers import SparseOptimizer
-from embark_jax.specs import Combiner
+from embark_jax.ops.optimizers import SparseOptimizer
 
 __all__ = ["lookup_pool_backward_update", "merge_duplicate_rows", "sparse_update"]
 

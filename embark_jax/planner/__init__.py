@@ -1,6 +1,6 @@
 """The sharding planner (DESIGN.md §5): hardware topologies, the cost model, the search and
 its baselines, and reports. `plan(model, batch, hardware)` returns an `Evaluation` whose
-`.plan` is an `embark_jax.plan.Plan`."""
+`.plan` is an `embark_jax.core.plan.Plan`."""
 
 from embark_jax.planner.hardware import PRESETS, HardwareTopology, calibrate_local, get_hardware
 from embark_jax.planner.model import ModelSpec, PlannerTable, load_preset, preset_names

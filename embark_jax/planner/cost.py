@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from embark_jax.optimizers import SparseOptimizer
+from embark_jax.ops.optimizers import SparseOptimizer
 from embark_jax.planner.hardware import HardwareTopology
 from embark_jax.planner.model import PlannerTable
 

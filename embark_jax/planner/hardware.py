@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from embark_jax.plan import Topology
+from embark_jax.core.plan import Topology
 
 __all__ = ["PRESETS", "HardwareTopology", "calibrate_local", "get_hardware"]
 

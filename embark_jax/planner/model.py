@@ -12,8 +12,8 @@ import json
 import math
 import os
 
-from embark_jax.optimizers import SGD, Adagrad, SparseOptimizer
-from embark_jax.specs import Combiner, EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.core.specs import Combiner, EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.ops.optimizers import SGD, Adagrad, SparseOptimizer
 
 __all__ = ["ModelSpec", "PlannerTable", "load_preset", "preset_names"]
 

@@ -21,11 +21,11 @@ import operator
 
 import numpy as np
 
-from embark_jax.plan import Cluster, Plan, TablePlan
+from embark_jax.core.plan import Cluster, Plan, TablePlan
+from embark_jax.core.specs import Combiner
 from embark_jax.planner import cost as C
 from embark_jax.planner.hardware import HardwareTopology
 from embark_jax.planner.model import ModelSpec, PlannerTable
-from embark_jax.specs import Combiner
 
 __all__ = ["BASELINES", "Choice", "Evaluation", "PlannerError", "baseline", "evaluate", "plan"]
 

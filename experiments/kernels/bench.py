@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from embark_jax import ops
-from embark_jax import optimizers as O
-from embark_jax.data import zipf_ranks
+from embark_jax.data.synthetic import zipf_ranks
+from embark_jax.ops import optimizers as O
 
 
 @dataclasses.dataclass(frozen=True)

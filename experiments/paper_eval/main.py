@@ -11,8 +11,8 @@ import argparse
 import json
 import os
 
+from embark_jax.cli.plan import default_batch
 from embark_jax.planner import PlannerError, baseline, get_hardware, load_preset, plan
-from embark_jax.planner.cli import default_batch
 
 MODELS = ("dcnv2", "t180", "t200", "t510")
 NODES = (1, 8, 16)

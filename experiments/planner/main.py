@@ -10,8 +10,8 @@ import json
 import os
 import time
 
+from embark_jax.cli.plan import default_batch
 from embark_jax.planner import get_hardware, load_preset, plan
-from embark_jax.planner.cli import default_batch
 
 
 def planning_times(table_counts, node_counts, rounds: int = 20) -> list[dict]:

@@ -16,7 +16,7 @@ import os
 import statistics
 import time
 
-from embark_jax.distributed import initialize_from_env
+from embark_jax.training.distributed import initialize_from_env
 
 MODELS = {  # preset, max vocab, max hotness, batch
     "t180-mini": ("t180-mini", 2000, 8, 512),
@@ -29,11 +29,11 @@ def bench_model(name, preset, max_vocab, max_hot, batch, steps, plans=("embark",
     import jax
     import optax
 
-    from embark_jax import optimizers as O
-    from embark_jax.data import SyntheticDataset
-    from embark_jax.models import DenseConfig
+    from embark_jax.data.synthetic import SyntheticDataset
+    from embark_jax.ops import optimizers as O
     from embark_jax.planner import baseline, get_hardware, load_preset, plan
-    from embark_jax.train import Trainer
+    from embark_jax.training.models import DenseConfig
+    from embark_jax.training.trainer import Trainer
 
     spec = load_preset(preset)
     spec = dataclasses.replace(

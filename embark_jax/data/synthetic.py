@@ -21,8 +21,8 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from embark_jax.sparse import PAD, SparseFeatures
-from embark_jax.specs import EmbeddingConfig
+from embark_jax.core.specs import EmbeddingConfig
+from embark_jax.data.sparse import PAD, SparseFeatures
 
 __all__ = ["Batch", "SyntheticDataset", "zipf_ranks"]
 

@@ -24,28 +24,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from embark_jax import ops
-from embark_jax.lowering import Group, Lowered
-from embark_jax.optimizers import SparseOptimizer
-from embark_jax.specs import Combiner, FeatureConfig
+from embark_jax.core.options import RuntimeOptions
+from embark_jax.core.specs import Combiner, FeatureConfig
+from embark_jax.ops.optimizers import SparseOptimizer
+from embark_jax.sharding.lowering import Group, Lowered
 
-__all__ = ["ClusterBase", "FeatureInput", "Options"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """Static settings of the routing: hierarchical RB on a 2-D mesh, the default capacity
-    factor, the dtype embedding vectors (and their gradients) travel in (e.g. bfloat16
-    for mixed precision; None keeps the table dtype), and how DP tables exchange gradients:
-    a dense all-reduce of `[V, d]` or an all-gather of the per-id gradients ("auto": the
-    fewer bytes)."""
-
-    hierarchical: bool = True
-    capacity_factor: float | None = None
-    comm_dtype: str | None = None
-    dp_gradients: str = "auto"  # DP gradient exchange: "dense", "sparse" or the cheaper
-
-    def to_wire(self, x):
-        return x if self.comm_dtype is None else x.astype(self.comm_dtype)
+__all__ = ["ClusterBase", "FeatureInput"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +60,7 @@ class ClusterBase:
         group: Group,
         local_batch: int,
         hotness: Mapping[str, int],
-        options: Options,
+        options: RuntimeOptions,
     ):
         self.lowered = lowered
         self.group = group

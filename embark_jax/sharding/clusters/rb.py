@@ -16,9 +16,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from embark_jax import ops, routing
-from embark_jax.clusters.base import ClusterBase, feature_inputs
-from embark_jax.specs import Combiner
+from embark_jax import ops
+from embark_jax.core.specs import Combiner
+from embark_jax.sharding import routing
+from embark_jax.sharding.clusters.base import ClusterBase, feature_inputs
 
 __all__ = ["RBCluster"]
 

@@ -5,7 +5,7 @@ model's forward and backward (`value_and_grad` wrt the dense parameters and the 
 outputs), the dense optax update, and the embedding `apply_gradients` (gradients routed to
 the owners, fused sparse optimizer, in place: the state is donated). No dense `[V, d]`
 gradient exists for sharded tables. The same code runs on one process or many
-(`embark_jax.distributed`): each process feeds its slice of the global batch.
+(`embark_jax.training.distributed`): each process feeds its slice of the global batch.
 """
 
 from __future__ import annotations
@@ -27,17 +27,17 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from embark_jax import comm
-from embark_jax.collection import EmbeddingCollection, apply_gradients_fn, lookup_fn
-from embark_jax.data import Batch
-from embark_jax.lowering import lower
-from embark_jax.metrics import StreamingAUC
-from embark_jax.models import DenseConfig, make_model
-from embark_jax.optimizers import SparseOptimizer
-from embark_jax.plan import Plan
-from embark_jax.routing import DEFAULT_CAPACITY_FACTOR
-from embark_jax.sparse import SparseFeatures
-from embark_jax.specs import EmbeddingConfig
+from embark_jax.core.plan import Plan
+from embark_jax.core.specs import EmbeddingConfig
+from embark_jax.data.sparse import SparseFeatures
+from embark_jax.data.synthetic import Batch
+from embark_jax.ops.optimizers import SparseOptimizer
+from embark_jax.sharding import hlo_bytes as comm
+from embark_jax.sharding.collection import EmbeddingCollection, apply_gradients_fn, lookup_fn
+from embark_jax.sharding.lowering import lower
+from embark_jax.sharding.routing import DEFAULT_CAPACITY_FACTOR
+from embark_jax.training.metrics import StreamingAUC
+from embark_jax.training.models import DenseConfig, make_model
 
 __all__ = ["NonFiniteLossError", "Trainer", "bce_loss"]
 
@@ -328,7 +328,7 @@ class Trainer:
         samples/s; saves a checkpoint every `save_every` steps (and at the end) when
         `checkpoint_dir` is set (in the background with `async_save`, one save in flight at a
         time); returns the training summary."""
-        from embark_jax import checkpoint
+        from embark_jax.training import checkpoint
 
         acc = StreamingAUC()
         t0 = time.perf_counter()

@@ -40,7 +40,7 @@ def initialize_from_env(default_cpu_devices: int = 8, timeout_s: int = 60) -> bo
     Must run before any JAX computation. Without a GPU plugin, the CPU backend is given
     `EMBARK_LOCAL_DEVICES` (or `default_cpu_devices`) fake devices.
     """
-    from embark_jax._native import _cuda_plugin_installed
+    from embark_jax.ops.native import _cuda_plugin_installed
 
     if not _cuda_plugin_installed() and os.environ.get("JAX_PLATFORMS", "cpu") in ("", "cpu"):
         jax.config.update(

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from embark_jax.specs import EmbeddingConfig
+from embark_jax.core.specs import EmbeddingConfig
 
 __all__ = ["SparseFeatures"]
 

@@ -12,9 +12,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from embark_jax.plan import Cluster, Plan
-from embark_jax.sparse import SparseFeatures
-from embark_jax.specs import EmbeddingConfig
+from embark_jax.core.plan import Cluster, Plan
+from embark_jax.core.specs import EmbeddingConfig
+from embark_jax.data.sparse import SparseFeatures
 
 __all__ = ["TableLoad", "derive_capacities", "observe"]
 

@@ -12,8 +12,7 @@ import enum
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 __all__ = [
@@ -21,9 +20,19 @@ __all__ = [
     "EmbeddingConfig",
     "FeatureConfig",
     "TableConfig",
+    "as_dtype",
 ]
 
-Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
+# `init(key, shape, dtype) -> array`: a JAX PRNG key in, a JAX array out.
+Initializer = Callable[[Any, tuple[int, ...], Any], Any]
+
+
+def as_dtype(dtype: Any) -> np.dtype:
+    """A numpy dtype from a dtype, a scalar type or a name (`"bfloat16"` included), without
+    importing JAX (bfloat16 comes from `ml_dtypes`, the package JAX itself uses)."""
+    if isinstance(dtype, str) and dtype.lower() in ("bfloat16", "bf16"):
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
 
 
 class Combiner(enum.Enum):
@@ -59,13 +68,15 @@ def default_initializer(dim: int) -> Initializer:
     """Uniform(-1/sqrt(dim), 1/sqrt(dim)), the DLRM reference initialisation."""
     scale = 1.0 / float(np.sqrt(dim))
 
-    def init(key, shape, dtype=jnp.float32):
-        return jax.random.uniform(key, shape, jnp.float32, -scale, scale).astype(dtype)
+    def init(key, shape, dtype=np.float32):
+        import jax  # the data model itself never needs JAX
+
+        return jax.random.uniform(key, shape, np.float32, -scale, scale).astype(dtype)
 
     return init
 
 
-_TABLE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+_TABLE_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,7 +95,7 @@ class TableConfig:
     name: str
     vocab_size: int
     dim: int
-    dtype: Any = jnp.float32
+    dtype: Any = np.float32
     initializer: Initializer | None = None
 
     def __post_init__(self) -> None:
@@ -100,15 +111,19 @@ class TableConfig:
             raise ValueError(f"table {self.name!r}: dim must be an int, got {self.dim!r}")
         if self.dim < 1:
             raise ValueError(f"table {self.name!r}: dim must be >= 1, got {self.dim}")
-        if jnp.dtype(self.dtype) not in _TABLE_DTYPES:
+        try:
+            dtype = as_dtype(self.dtype)
+        except TypeError:
+            dtype = None
+        if dtype not in _TABLE_DTYPES:
             raise ValueError(
-                f"table {self.name!r}: dtype must be float32 or bfloat16, got {jnp.dtype(self.dtype)}"
+                f"table {self.name!r}: dtype must be float32 or bfloat16, got {self.dtype!r}"
             )
 
-    def init(self, key: jax.Array) -> jax.Array:
-        """Returns a freshly initialised [vocab_size, dim] table."""
+    def init(self, key: Any) -> Any:
+        """Returns a freshly initialised [vocab_size, dim] table (a JAX array)."""
         init = self.initializer or default_initializer(self.dim)
-        return init(key, (self.vocab_size, self.dim), jnp.dtype(self.dtype))
+        return init(key, (self.vocab_size, self.dim), as_dtype(self.dtype))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

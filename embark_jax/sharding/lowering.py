@@ -18,9 +18,9 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from embark_jax.optimizers import SparseOptimizer
-from embark_jax.plan import Cluster, Plan
-from embark_jax.specs import EmbeddingConfig, FeatureConfig, TableConfig, default_initializer
+from embark_jax.core.plan import Cluster, Plan
+from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig, default_initializer
+from embark_jax.ops.optimizers import SparseOptimizer
 
 __all__ = ["Group", "Lowered", "Shard", "lower", "shard_rows"]
 

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from embark_jax import ops
-from embark_jax.data import SyntheticDataset
-from embark_jax.metrics import auc, logloss
-from embark_jax.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.data.synthetic import SyntheticDataset
+from embark_jax.training.metrics import auc, logloss
 
 __all__ = ["demo_config", "run_demo"]
 

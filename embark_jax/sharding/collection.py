@@ -21,12 +21,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from embark_jax.clusters import CLUSTERS, ClusterBase, Options
-from embark_jax.lowering import Lowered, lower
-from embark_jax.optimizers import SparseOptimizer
-from embark_jax.plan import Plan
-from embark_jax.sparse import SparseFeatures
-from embark_jax.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.core.options import RuntimeOptions
+from embark_jax.core.plan import Plan
+from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.data.sparse import SparseFeatures
+from embark_jax.ops.optimizers import SparseOptimizer
+from embark_jax.sharding.clusters import CLUSTERS, ClusterBase
+from embark_jax.sharding.lowering import Lowered, lower
 
 __all__ = [
     "CapacityOverflowError",
@@ -52,7 +53,10 @@ class EmbeddingOptState(nnx.Variable):
 
 @functools.lru_cache(maxsize=64)
 def _clusters(
-    lowered: Lowered, local_batch: int, hotness: tuple[tuple[str, int], ...], options: Options
+    lowered: Lowered,
+    local_batch: int,
+    hotness: tuple[tuple[str, int], ...],
+    options: RuntimeOptions,
 ) -> dict[str, ClusterBase]:
     hot = dict(hotness)
     return {
@@ -60,7 +64,7 @@ def _clusters(
     }
 
 
-def _clusters_for(lowered: Lowered, batch: SparseFeatures, options: Options):
+def _clusters_for(lowered: Lowered, batch: SparseFeatures, options: RuntimeOptions):
     g = lowered.num_devices
     b = batch.batch_size
     if b % g:
@@ -81,7 +85,7 @@ def _check_batch(lowered: Lowered, batch: SparseFeatures) -> None:
 def lookup_fn(
     lowered: Lowered,
     mesh: jax.sharding.Mesh,
-    options: Options,
+    options: RuntimeOptions,
     buffers: Mapping[str, jax.Array],
     batch: SparseFeatures,
 ):
@@ -114,7 +118,7 @@ def lookup_fn(
 def apply_gradients_fn(
     lowered: Lowered,
     mesh: jax.sharding.Mesh,
-    options: Options,
+    options: RuntimeOptions,
     buffers,
     states,
     residuals,
@@ -143,13 +147,16 @@ def apply_gradients_fn(
 
 
 @functools.lru_cache(maxsize=32)
-def _jit_lookup(lowered: Lowered, mesh, options: Options):
+def _jit_lookup(lowered: Lowered, mesh, options: RuntimeOptions):
     return jax.jit(functools.partial(lookup_fn, lowered, mesh, options))
 
 
 @functools.lru_cache(maxsize=32)
 def _jit_apply(
-    lowered: Lowered, mesh, options: Options, optimizers: tuple[tuple[str, SparseOptimizer], ...]
+    lowered: Lowered,
+    mesh,
+    options: RuntimeOptions,
+    optimizers: tuple[tuple[str, SparseOptimizer], ...],
 ):
     def run(buffers, states, residuals, output_grads, batch_like):
         return apply_gradients_fn(
@@ -180,7 +187,7 @@ class EmbeddingCollection(nnx.Module):
 
     Arguments:
       tables, features: the `TableConfig`s and `FeatureConfig`s.
-      plan: where every shard lives (`embark_jax.plan.Plan`).
+      plan: where every shard lives (`embark_jax.core.plan.Plan`).
       mesh: from `plan.make_mesh()`; a `("node", "local")` mesh enables hierarchical RB.
       rngs: `nnx.Rngs` for the table initialisers.
       hierarchical: hierarchical RB on a 2-D mesh (default True).
@@ -212,7 +219,7 @@ class EmbeddingCollection(nnx.Module):
         per_table = optimizer if isinstance(optimizer, Mapping) else None
         self.lowered = lower(plan, self.config, per_table)
         self.mesh = mesh
-        self.options = Options(
+        self.options = RuntimeOptions(
             hierarchical=hierarchical,
             capacity_factor=capacity_factor,
             comm_dtype=comm_dtype,
@@ -322,7 +329,7 @@ class EmbeddingCollection(nnx.Module):
         if bad:
             raise CapacityOverflowError(
                 f"ids overflowed routing/dedup capacities (ids dropped per table): {bad}; raise "
-                "the tables' capacity_factor / unique_capacity (see embark_jax.capacity)"
+                "the tables' capacity_factor / unique_capacity (see embark_jax.sharding.capacity)"
             )
 
     def apply_gradients(

@@ -33,8 +33,8 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from jax.sharding import PartitionSpec as P
 
-from embark_jax.lowering import Lowered
-from embark_jax.plan import Cluster, Plan
+from embark_jax.core.plan import Cluster, Plan
+from embark_jax.sharding.lowering import Lowered
 
 __all__ = [
     "FORMAT",

@@ -15,7 +15,7 @@ JSON format (`Plan.to_json` / `Plan.from_json`):
                  "devices": [[0, 1], [2, 3]]}]}
 
 Optional per table: `"capacity_factor"` (routing buffer size as a multiple of the expected
-per-destination load, see `embark_jax.routing`) and `"unique_capacity"` (UB dedup slots).
+per-destination load, see `embark_jax.sharding.routing`) and `"unique_capacity"` (UB dedup slots).
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
-from embark_jax.specs import Combiner, EmbeddingConfig
+from embark_jax.core.specs import Combiner, EmbeddingConfig
 
 __all__ = ["FORMAT", "Cluster", "Plan", "PlanError", "TablePlan", "Topology"]
 
@@ -223,9 +222,11 @@ class Plan:
     def axis_names(self) -> tuple[str, ...]:
         return ("device",) if self.topology.num_nodes == 1 else ("node", "local")
 
-    def make_mesh(self, devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
+    def make_mesh(self, devices: Sequence[Any] | None = None) -> Any:
         """A 1-D `("device",)` mesh (one node) or 2-D `("node", "local")` mesh over the
         plan's devices, in global device order (device g = node * L + local)."""
+        import jax  # the plan itself is plain data; only the mesh needs JAX
+
         g = self.topology.num_devices
         devices = list(jax.devices() if devices is None else devices)
         if len(devices) < g:

@@ -70,7 +70,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 
 
 def _sparse_optimizer(name: str, lr: float):
-    from embark_jax import optimizers as O
+    from embark_jax.ops import optimizers as O
 
     return {
         "sgd": O.SGD,
@@ -105,17 +105,17 @@ def _broadcast_text(text: str) -> str:
 
 
 def run_train(args) -> int:
-    from embark_jax.distributed import initialize_from_env
+    from embark_jax.training.distributed import initialize_from_env
 
     multi = initialize_from_env(default_cpu_devices=args.devices)
     import jax
     import optax
 
-    from embark_jax.data import SyntheticDataset
-    from embark_jax.models import DenseConfig
-    from embark_jax.plan import Plan
+    from embark_jax.core.plan import Plan
+    from embark_jax.data.synthetic import SyntheticDataset
     from embark_jax.planner import baseline, evaluate, get_hardware, plan, report
-    from embark_jax.train import Trainer
+    from embark_jax.training.models import DenseConfig
+    from embark_jax.training.trainer import Trainer
 
     lead = jax.process_index() == 0
     say = print if lead else (lambda *a, **k: None)
@@ -161,7 +161,7 @@ def run_train(args) -> int:
     ds = SyntheticDataset(config, batch_size=args.batch_size, seed=args.seed)
     start = 0
     if args.resume:
-        from embark_jax import checkpoint
+        from embark_jax.training import checkpoint
 
         if not args.checkpoint_dir:
             say("error: --resume needs --checkpoint-dir")

@@ -10,9 +10,10 @@ import jax
 import jax.numpy as jnp
 
 from embark_jax import ops
-from embark_jax.clusters.base import ClusterBase, feature_inputs
+from embark_jax.core.options import DPGradients
+from embark_jax.core.specs import Combiner
 from embark_jax.ops.lookup import id_scale
-from embark_jax.specs import Combiner
+from embark_jax.sharding.clusters.base import ClusterBase, feature_inputs
 
 __all__ = ["DPCluster"]
 
@@ -60,7 +61,7 @@ class DPCluster(ClusterBase):
         dense_bytes = 2 * vocab * (width + 1) * 4  # all-reduce of grads + touched counts
         sparse_bytes = self.num_devices * rows.shape[0] * (width + 1) * 4
         mode = self.options.dp_gradients
-        if mode == "dense" or (mode == "auto" and dense_bytes < sparse_bytes):
+        if mode is DPGradients.DENSE or (mode is DPGradients.AUTO and dense_bytes < sparse_bytes):
             # dense all-reduce, then the sparse update of the rows any replica touched
             # (untouched rows stay untouched: lazy optimizers stay lazy)
             g = jax.lax.psum(ops.segment_sum(grads, rows, vocab), self.axis_names)

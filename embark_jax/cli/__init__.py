@@ -1,0 +1,1 @@
+"""The command line (`python -m embark_jax ...`); the top layer, nothing imports it."""

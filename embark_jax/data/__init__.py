@@ -1,0 +1,1 @@
+"""Input data: the sparse batch (`SparseFeatures`) and datasets that produce batches."""

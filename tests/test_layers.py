@@ -1,0 +1,150 @@
+"""The package's layer contract (docs/design.md, "Package layout"), enforced.
+
+Layers, lowest first; a module may import its own layer and the layers listed for it, never
+a higher one. Every import is checked, including those inside functions (a lazy import of a
+higher layer is still a dependency). The native extension modules belong to `ops`.
+"""
+
+import ast
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PKG = pathlib.Path(__file__).resolve().parents[1] / "embark_jax"
+
+ALLOWED = {
+    "core": set(),
+    "planner": {"core"},
+    "data": {"core"},
+    "ops": {"core"},
+    "sharding": {"core", "data", "ops"},
+    "training": {"core", "data", "ops", "sharding"},
+    "cli": {"core", "data", "ops", "sharding", "training", "planner"},
+}
+NATIVE = {"_ffi_cpu", "_ffi_cuda", "_build_info"}  # built by CMake, loaded by ops.native
+# third-party frameworks the pure layers must not load, even lazily
+PURE = {
+    "core": {"jax", "jaxlib", "flax", "optax", "orbax"},
+    "planner": {"jax", "jaxlib", "flax", "optax", "orbax"},
+}
+# the only lazy JAX imports the data model makes: a default initializer and the mesh
+PURE_EXCEPTIONS = {("core/specs.py", "jax"), ("core/plan.py", "jax")}
+
+
+def _layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "embark_jax" or len(parts) < 2:
+        return None
+    return "ops" if parts[1] in NATIVE else parts[1]
+
+
+def _imports(path: pathlib.Path):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield node.lineno, a.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "embark_jax":
+                for a in node.names:
+                    yield node.lineno, f"embark_jax.{a.name}"
+            else:
+                yield node.lineno, node.module
+
+
+def _violations(root: pathlib.Path) -> list[str]:
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if len(rel.parts) == 1:  # embark_jax/__init__.py, __main__.py: the lazy front door
+            continue
+        layer = rel.parts[0]
+        assert layer in ALLOWED, f"{rel}: folder {layer!r} is in no layer; add it to the contract"
+        for line, mod in _imports(path):
+            target = _layer_of(mod)
+            if target is not None and target != layer and target not in ALLOWED[layer]:
+                bad.append(f"{rel}:{line}: layer {layer!r} imports {mod} (layer {target!r})")
+            top = mod.split(".")[0]
+            if top in PURE.get(layer, ()) and (rel.as_posix(), top) not in PURE_EXCEPTIONS:
+                bad.append(f"{rel}:{line}: pure layer {layer!r} imports {mod}")
+    return bad
+
+
+def test_no_import_crosses_a_layer_upwards():
+    assert _violations(PKG) == []
+
+
+def test_the_contract_check_can_fail(tmp_path):
+    """A planted upward import is reported (the check is not vacuous)."""
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "x.py").write_text(
+        "def f():\n    from embark_jax.sharding import routing\n"
+    )
+    (tmp_path / "planner").mkdir()
+    (tmp_path / "planner" / "y.py").write_text("import jax.numpy as jnp\n")
+    bad = _violations(tmp_path)
+    assert len(bad) == 2 and "core/x.py:2" in bad[0] and "planner/y.py:1" in bad[1]
+
+
+@pytest.mark.smoke
+def test_planning_loads_no_jax_and_no_kernels():
+    """`import embark_jax.planner` and a whole planning run in a fresh interpreter never load
+    JAX, Flax or the native kernels: the planner is arithmetic."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import embark_jax
+        from embark_jax import planner
+        model = planner.load_preset("dcnv2-mini")
+        hw = planner.get_hardware("dgx-h100", 1, 8)
+        ev = planner.plan(model, 4096, hw)
+        assert ev.plan.topology.num_devices == 8
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in
+                        ("jax", "jaxlib", "flax", "optax", "orbax")
+                        or m in ("embark_jax.ops.native", "embark_jax._ffi_cpu"))
+        print("LOADED", loaded)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert "LOADED []" in out.stdout, out.stdout
+
+
+@pytest.mark.smoke
+def test_cli_plan_loads_no_kernels(tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from embark_jax.cli.main import main
+        rc = main(["plan", "--model", "dcnv2-mini", "--nodes", "1", "--devices-per-node", "8",
+                   "--batch-size", "4096", "--topology", "dgx-h100",
+                   "--out", {str(tmp_path / "p.json")!r}])
+        assert rc == 0, rc
+        print("NATIVE", "embark_jax._ffi_cpu" in sys.modules, "embark_jax.ops.native" in sys.modules)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert "NATIVE False False" in out.stdout, out.stdout
+
+
+def test_importing_the_package_is_lazy():
+    code = "import sys, embark_jax; print(sorted(m for m in sys.modules if m.startswith(('jax', 'flax', 'embark_jax.'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_public_api_resolves():
+    import embark_jax
+
+    for name in embark_jax.__all__:
+        assert getattr(embark_jax, name) is not None, name
+    assert not [n for n in embark_jax.__all__ if n.startswith("_") and n != "__version__"]
