@@ -44,7 +44,30 @@ _MODULES = {
     "checkpoint": "embark_jax.training.checkpoint",
 }
 
-__all__ = sorted([*_EXPORTS, *_MODULES, "__version__"])
+__all__ = [
+    "CapacityOverflowError",
+    "Cluster",
+    "Combiner",
+    "EmbeddingCollection",
+    "EmbeddingConfig",
+    "FeatureConfig",
+    "Plan",
+    "PlanError",
+    "RuntimeOptions",
+    "SparseFeatures",
+    "TableConfig",
+    "TablePlan",
+    "Topology",
+    "TrainState",
+    "__version__",
+    "build_info",
+    "checkpoint",
+    "ops",
+    "optimizers",
+    "planner",
+    "registered_targets",
+    "train_step",
+]
 
 
 def __getattr__(name: str):
