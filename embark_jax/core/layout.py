@@ -17,6 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from embark_jax.core.plan import Cluster, TablePlan
+from embark_jax.core.specs import TableConfig
+
 __all__ = ["ShardLayout"]
 
 
@@ -38,6 +41,13 @@ class ShardLayout:
         if self.dim % self.column_shards:
             raise ValueError(f"column_shards {self.column_shards} does not divide dim {self.dim}")
 
+    @classmethod
+    def of(cls, table: TableConfig, plan: TablePlan) -> ShardLayout:
+        """The layout of `table` under its `plan` (a DP table: r = c = 1)."""
+        if plan.cluster is Cluster.DP:
+            return cls(table.vocab_size, table.dim)
+        return cls(table.vocab_size, table.dim, plan.row_shards, plan.column_shards)
+
     @property
     def width(self) -> int:
         """Columns of one column slice."""
@@ -58,11 +68,11 @@ class ShardLayout:
     def shard_rows(self, j: int) -> int:
         """Number of rows of row shard `j`: the ids j, j + r, ... below `vocab_size`."""
         r = self.row_shards
-        return (self.vocab_size - j + r - 1) // r
+        return (self.vocab_size - self._check(j, r, "row shard") + r - 1) // r
 
     def ids_of(self, j: int) -> slice:
         """The ids of row shard `j` in local-row order, as a slice of a `[V, ...]` array."""
-        return slice(j, None, self.row_shards)
+        return slice(self._check(j, self.row_shards, "row shard"), None, self.row_shards)
 
     def global_id(self, j: int, local_row: Any) -> Any:
         """Inverse of (`row_shard`, `local_row`)."""
@@ -70,4 +80,11 @@ class ShardLayout:
 
     def columns(self, k: int) -> slice:
         """The columns of column slice `k`, as a slice of a `[..., dim]` array."""
+        self._check(k, self.column_shards, "column slice")
         return slice(k * self.width, (k + 1) * self.width)
+
+    @staticmethod
+    def _check(i: int, n: int, what: str) -> int:
+        if not 0 <= i < n:
+            raise IndexError(f"{what} {i} out of range [0, {n})")
+        return i

@@ -1,44 +1,173 @@
-"""Deriving routing and dedup capacities from observed batches (jax-tpu-embedding's FDO is
-the anchor): count, on the host, what each device would send where, and size the buffers to
-the worst observed load times a margin. The result is a plan with `capacity_factor` and
-`unique_capacity` set per table; overflow stays counted at run time.
+"""Routing and dedup capacities, sized in one place (`docs/design.md`, "Capacities").
+
+RB and UB send requests through fixed-capacity buckets, one per (source, destination device),
+and UB deduplicates each device's ids into a fixed number of slots. This module owns every
+size involved:
+
+* `table_capacity`: a table's bucket slots per (source, shard) and, for UB, its dedup slots,
+  from the plan, the local batch, the features' hotness and the `RuntimeOptions`. A table's
+  own `capacity_factor` wins over `options.capacity_factor`, which wins over
+  `DEFAULT_CAPACITY_FACTOR`; a table-wise table (`row_shards == 1`) with no factor gets its
+  exact worst case.
+* `group_capacity`: the bucket of a stacked group, the worst over devices of the sum of the
+  capacities of the shards a device holds (what the RB and UB clusters allocate).
+* `derive_capacities`: a plan whose `capacity_factor` / `unique_capacity` are sized from
+  observed batches (jax-tpu-embedding's FDO is the anchor): count, on the host, what each
+  device would send where, and size to the worst observed load times a margin.
+* `grow_capacities`: a plan with the capacities of overflowing tables doubled.
+
+Overflow is never silent: what does not fit is dropped, counted per table and reported.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from embark_jax.core.plan import Cluster, Plan
+from embark_jax.core.layout import ShardLayout
+from embark_jax.core.options import RuntimeOptions
+from embark_jax.core.plan import Cluster, Plan, TablePlan
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import SparseFeatures
 
-__all__ = ["TableLoad", "derive_capacities", "observe"]
+if TYPE_CHECKING:
+    from embark_jax.sharding.lowering import Group, Lowered
+
+__all__ = [
+    "DEFAULT_CAPACITY_FACTOR",
+    "TableCapacity",
+    "derive_capacities",
+    "group_capacity",
+    "grow_capacities",
+    "table_capacity",
+]
+
+DEFAULT_CAPACITY_FACTOR = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TableCapacity:
+    """Static capacities of one table on one device.
+
+    Attributes:
+      bucket: slots the table's requests take in a source's bucket to each of its shards
+        (0 for DP, which does not route).
+      unique: UB only: dedup slots for the device's unique ids of the table.
+    """
+
+    bucket: int
+    unique: int | None = None
+
+
+def _factor(tp: TablePlan, options: RuntimeOptions) -> float | None:
+    return tp.capacity_factor or options.capacity_factor
+
+
+def _bucket(expected: float, worst: int, factor: float | None, row_shards: int) -> int:
+    """Slots for one source's requests to one shard.
+
+    Table-wise routing (`row_shards == 1`) without a factor uses the exact worst case.
+    Row-wise routing spreads ids over the row shards, so `factor * expected` (at most the
+    worst case) suffices unless ids are very skewed.
+    """
+    if row_shards == 1 and factor is None:
+        return worst
+    f = DEFAULT_CAPACITY_FACTOR if factor is None else factor
+    return max(1, min(worst, math.ceil(f * expected)))
+
+
+def table_capacity(
+    lowered: Lowered,
+    table: str,
+    local_batch: int,
+    hotness: Mapping[str, int],
+    options: RuntimeOptions,
+) -> TableCapacity:
+    """The bucket (and, for UB, dedup) capacity of `table` on one device.
+
+    RB sends every id slot of every feature: each feature's `b * hotness` slots spread over
+    the row shards. UB sends the device's unique ids of the table: at most the table's slots
+    over all its features and at most its vocabulary, capped by the plan's `unique_capacity`.
+    """
+    tp = lowered.plan.table(table)
+    if tp.cluster is Cluster.DP:
+        return TableCapacity(bucket=0)
+    r = tp.row_shards
+    factor = _factor(tp, options)
+    slots = [local_batch * hotness[f.name] for f in lowered.config.features if f.table == table]
+    if tp.cluster is Cluster.RB:
+        return TableCapacity(bucket=sum(_bucket(n / r, n, factor, r) for n in slots))
+    worst = min(sum(slots), lowered.table(table).vocab_size)
+    cap_u = worst if tp.unique_capacity is None else min(worst, tp.unique_capacity)
+    return TableCapacity(bucket=_bucket(cap_u / r, cap_u, factor, r), unique=max(1, cap_u))
+
+
+def group_capacity(
+    lowered: Lowered,
+    group: Group,
+    local_batch: int,
+    hotness: Mapping[str, int],
+    options: RuntimeOptions,
+) -> int:
+    """Bucket slots per destination of a group: the worst over devices of the sum of the
+    table capacities of the shards the device holds (at least 1)."""
+    per_dst = [0] * lowered.num_devices
+    for t in group.tables:
+        cap = table_capacity(lowered, t, local_batch, hotness, options).bucket
+        for s in group.shards:
+            if s.table == t:
+                per_dst[s.device] += cap
+    return max(1, max(per_dst))
+
+
+def grow_capacities(plan: Plan, tables: Iterable[str], options: RuntimeOptions) -> Plan:
+    """`plan` with the routing factor and the dedup capacity (when set) of `tables` doubled
+    (the overflow policy `grow`). The factor doubled is the one in effect."""
+    grow = set(tables)
+    out = []
+    for tp in plan.tables:
+        if tp.name in grow and tp.cluster is not Cluster.DP:
+            cf = 2.0 * (_factor(tp, options) or DEFAULT_CAPACITY_FACTOR)
+            uc = None if tp.unique_capacity is None else 2 * tp.unique_capacity
+            tp = dataclasses.replace(tp, capacity_factor=cf, unique_capacity=uc)
+        out.append(tp)
+    return dataclasses.replace(plan, tables=tuple(out))
+
+
+# --- sizing from observed batches ----------------------------------------------------------
 
 
 @dataclasses.dataclass
-class TableLoad:
+class _Load:
     """Worst observed loads of one table: the routing factor (requests to one row shard /
     expected) and, for UB, the most unique ids on one device."""
 
     route_factor: float = 0.0
     max_unique: int = 0
 
+    def add_route(self, layout: ShardLayout, ids: np.ndarray, slots: int) -> None:
+        """Requests `ids` out of `slots` expected ones, spread over the row shards."""
+        if ids.size:
+            r = layout.row_shards
+            counts = np.bincount(layout.row_shard(ids), minlength=r)
+            self.route_factor = max(self.route_factor, counts.max() / (max(slots, 1) / r))
 
-def observe(
+
+def _observe(
     plan: Plan, config: EmbeddingConfig, batches: Iterable[SparseFeatures]
-) -> dict[str, TableLoad]:
+) -> dict[str, _Load]:
     g = plan.topology.num_devices
-    loads = {t.name: TableLoad() for t in plan.tables}
+    loads = {t.name: _Load() for t in plan.tables}
+    routed = [tp for tp in plan.tables if tp.cluster is not Cluster.DP]
     for batch in batches:
         b = batch.batch_size // g
-        for tp in plan.tables:
-            if tp.cluster is Cluster.DP:
-                continue
-            r = tp.row_shards
+        for tp in routed:
+            layout = ShardLayout.of(config.table_by_name[tp.name], tp)
+            load = loads[tp.name]
             feats = [f for f in config.features if f.table == tp.name]
             for dev in range(g):
                 per_feature = [
@@ -48,17 +177,11 @@ def observe(
                 if tp.cluster is Cluster.UB:
                     ids = np.concatenate(per_feature)
                     uniq = np.unique(ids[ids >= 0])
-                    loads[tp.name].max_unique = max(loads[tp.name].max_unique, uniq.size)
-                    groups = [(uniq, uniq.size)]
+                    load.max_unique = max(load.max_unique, uniq.size)
+                    load.add_route(layout, uniq, uniq.size)
                 else:  # the run time expects b * hotness / r requests per row shard
-                    groups = [(x[x >= 0], x.size) for x in per_feature]
-                for ids, slots in groups:
-                    e = max(slots, 1) / r
-                    if ids.size:
-                        counts = np.bincount(ids % r, minlength=r)
-                        loads[tp.name].route_factor = max(
-                            loads[tp.name].route_factor, counts.max() / e
-                        )
+                    for x in per_feature:
+                        load.add_route(layout, x[x >= 0], x.size)
     return loads
 
 
@@ -66,7 +189,7 @@ def derive_capacities(
     plan: Plan, config: EmbeddingConfig, batches: Iterable[SparseFeatures], margin: float = 1.25
 ) -> Plan:
     """A copy of `plan` with capacities sized from `batches` (worst load x `margin`)."""
-    loads = observe(plan, config, batches)
+    loads = _observe(plan, config, batches)
     tables = []
     for tp in plan.tables:
         load = loads[tp.name]

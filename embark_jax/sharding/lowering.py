@@ -3,8 +3,9 @@
 Shards with the same (cluster, column width, dtype) are stacked per device into one buffer of
 shape `[G, rows_per_device, width]`, sharded on axis 0 over all mesh axes: device g holds
 `buffer[g]`, the concatenation of its shards, each at a static row offset. A dp table has one
-replica per device at the same offset everywhere. Nothing else in embark_jax builds
-shardings for tables; modules ask the `Lowered` object.
+replica per device at the same offset everywhere. Which ids and columns a shard holds is the
+table's `ShardLayout` (`embark_jax.core.layout`), which `Lowered.layout` hands out. Nothing
+else in embark_jax builds shardings for tables; modules ask the `Lowered` object.
 """
 
 from __future__ import annotations
@@ -18,16 +19,12 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from embark_jax.core.layout import ShardLayout
 from embark_jax.core.plan import Cluster, Plan
 from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig, default_initializer
 from embark_jax.ops.optimizers import SparseOptimizer
 
-__all__ = ["Group", "Lowered", "Shard", "lower", "shard_rows"]
-
-
-def shard_rows(vocab: int, row_shards: int, j: int) -> int:
-    """Rows of row shard j: the ids j, j + r, j + 2r, ... below vocab."""
-    return (vocab - j + row_shards - 1) // row_shards
+__all__ = ["Group", "Lowered", "Shard", "lower"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +103,19 @@ class Lowered:
     def table(self, name: str) -> TableConfig:
         return self.config.table_by_name[name]
 
+    def layout(self, table: str) -> ShardLayout:
+        """The id -> (row shard, local row) rule of a table and its inverse (DP: r = c = 1)."""
+        return ShardLayout.of(self.table(table), self.plan.table(table))
+
+    def row_shard(self, shard: Shard) -> int:
+        """The row shard a shard holds, for `layout(shard.table)`: its `j`, except for a dp
+        replica, whose `j` is its device and which holds every id (row shard 0)."""
+        return 0 if self.plan.table(shard.table).cluster is Cluster.DP else shard.j
+
+    def shard_ids(self, shard: Shard) -> slice:
+        """The ids a shard holds in local-row order, as a slice of a `[V, ...]` array."""
+        return self.layout(shard.table).ids_of(self.row_shard(shard))
+
     # --- initialisation --------------------------------------------------------------------
 
     def init_buffer(self, group: Group, key: jax.Array, sharding: NamedSharding) -> jax.Array:
@@ -123,7 +133,7 @@ class Lowered:
                     continue
                 t = self.table(s.table)
                 init = t.initializer or default_initializer(t.dim)
-                j = 0 if group.cluster is Cluster.DP else s.j
+                j = self.row_shard(s)
                 k = jax.random.fold_in(jax.random.fold_in(key, index_of[s.table]), s.k * 65536 + j)
                 rows = slice(s.row_offset, s.row_offset + s.rows)
                 out[rows] = np.asarray(init(k, (s.rows, s.width), dtype))
@@ -144,12 +154,9 @@ class Lowered:
             (self.num_devices, group.rows_per_device, group.width), dtype=jnp.dtype(group.dtype)
         )
         for s in group.shards:
-            tp = self.plan.table(s.table)
-            full = np.asarray(tables[s.table])
-            part = full[s.j if tp.cluster is not Cluster.DP else 0 :: tp.row_shards]
-            buf[s.device, s.row_offset : s.row_offset + s.rows] = part[
-                :, s.col_start : s.col_start + s.width
-            ]
+            cols = self.layout(s.table).columns(s.k)
+            part = np.asarray(tables[s.table])[self.shard_ids(s), cols]
+            buf[s.device, s.row_offset : s.row_offset + s.rows] = part
         return buf
 
     def unstack(
@@ -161,18 +168,17 @@ class Lowered:
         for group in self.groups:
             buf = np.asarray(buffers[group.name])
             for s in group.shards:
-                tp = self.plan.table(s.table)
-                t = self.table(s.table)
+                layout = self.layout(s.table)
                 if s.table not in out:
-                    out[s.table] = np.zeros((t.vocab_size, t.dim), buf.dtype)
+                    out[s.table] = np.zeros((layout.vocab_size, layout.dim), buf.dtype)
                 part = buf[s.device, s.row_offset : s.row_offset + s.rows]
-                if tp.cluster is Cluster.DP:
-                    if replicas == "sum":
-                        out[s.table] += part
-                    elif s.device == 0:
-                        out[s.table][:] = part
-                    continue
-                out[s.table][s.j :: tp.row_shards, s.col_start : s.col_start + s.width] = part
+                ids, cols = self.shard_ids(s), layout.columns(s.k)
+                if group.cluster is not Cluster.DP:
+                    out[s.table][ids, cols] = part
+                elif replicas == "sum":
+                    out[s.table][ids, cols] += part
+                elif s.device == 0:
+                    out[s.table][ids, cols] = part
         return out
 
 
@@ -194,7 +200,7 @@ def lower(
     opts: list[SparseOptimizer | None] = []
     for tp in plan.tables:
         t = config.table_by_name[tp.name]
-        width = t.dim // tp.column_shards
+        width = ShardLayout.of(t, tp).width
         opt = None if optimizers is None else optimizers[tp.name]
         if opt not in opts:
             opts.append(opt)
@@ -207,14 +213,11 @@ def lower(
         shards = []
         for name in names:
             tp = plan.table(name)
-            t = config.table_by_name[name]
+            layout = ShardLayout.of(config.table_by_name[name], tp)
             for k, j, dev in tp.shard_devices():
-                rows = (
-                    t.vocab_size
-                    if cluster is Cluster.DP
-                    else shard_rows(t.vocab_size, tp.row_shards, j)
-                )
-                shards.append(Shard(name, k, j, dev, rows, used[dev], k * width, width))
+                rows = layout.shard_rows(0 if cluster is Cluster.DP else j)
+                col_start = layout.columns(k).start
+                shards.append(Shard(name, k, j, dev, rows, used[dev], col_start, width))
                 used[dev] += rows
         suffix = f"_opt{opt_idx}" if len(opts) > 1 else ""
         groups.append(

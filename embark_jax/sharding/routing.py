@@ -1,33 +1,18 @@
 """The routing layer shared by the RB and UB clusters: fixed-capacity buckets per destination
-device and the padded all-to-all exchange (`ragged_all_to_all` does not run on CPU).
+device and the padded all-to-all exchange (`ragged_all_to_all` does not run on CPU). The
+capacities themselves are sized in `embark_jax.sharding.capacity`.
 
 Everything here runs per device inside `shard_map` over all mesh axes.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["DEFAULT_CAPACITY_FACTOR", "bucket", "bucket_capacity", "device_index", "exchange"]
-
-DEFAULT_CAPACITY_FACTOR = 2.0
-
-
-def bucket_capacity(expected: float, worst: int, factor: float | None, row_shards: int) -> int:
-    """Slots for one source's requests to one destination.
-
-    Table-wise routing (`row_shards == 1`) uses the exact worst case. Row-wise routing
-    spreads ids over the row shards, so `factor * expected` (at most the worst case)
-    suffices unless ids are very skewed; overflow is counted, never silent.
-    """
-    if row_shards == 1 and factor is None:
-        return worst
-    f = DEFAULT_CAPACITY_FACTOR if factor is None else factor
-    return max(1, min(worst, math.ceil(f * expected)))
+__all__ = ["bucket", "device_index", "exchange"]
 
 
 def device_index(axis_names: Sequence[str]) -> jax.Array:

@@ -3,7 +3,8 @@ generic forward / two-phase backward built from a cluster's route, owner, combin
 
 A cluster runs per device inside `shard_map` over all mesh axes:
 
-  route(batch)                 -> residuals (routing arrays), overflow per table
+  route(batch)                 -> residuals (the cluster's typed `NamedTuple` of routing
+                                  arrays, a pytree), overflow per table
   owner(buffer, residuals)     -> what this device computes from its shards (differentiable)
   combine(owner_out, res)      -> per-feature outputs; includes the collectives; linear
   update(buffer, state, res, g_owner, optimizer) -> the owner's fused sparse update
@@ -17,13 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from embark_jax import ops
+from embark_jax.core.layout import ShardLayout
 from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.specs import Combiner, FeatureConfig
 from embark_jax.ops.optimizers import SparseOptimizer
@@ -39,7 +41,6 @@ class FeatureInput:
     ids: jax.Array  # [b * H]
     seg: jax.Array  # [b * H], sample of each slot (sorted)
     weights: jax.Array  # [b * H] float32 (ones when unweighted)
-    hotness: int
 
 
 def feature_inputs(lowered: Lowered, group: Group, batch) -> dict[str, FeatureInput]:
@@ -47,8 +48,16 @@ def feature_inputs(lowered: Lowered, group: Group, batch) -> dict[str, FeatureIn
     for f in lowered.features_of(group):
         ids, seg, w = batch.flat(f.name)
         w = jnp.ones(ids.shape, jnp.float32) if w is None else w.astype(jnp.float32)
-        out[f.name] = FeatureInput(ids, seg, jnp.where(ids >= 0, w, 0.0), batch.hotness(f.name))
+        out[f.name] = FeatureInput(ids, seg, jnp.where(ids >= 0, w, 0.0))
     return out
+
+
+class ShardRequests(NamedTuple):
+    """Where the requests for some ids of one table go, per column slice k."""
+
+    j: jax.Array  # [N] row shard of each id (0 for padding ids)
+    dst: list[jax.Array]  # [c] x [N] device holding (k, j), -1 for padding ids
+    row: list[jax.Array]  # [c] x [N] the id's row in that device's buffer
 
 
 class ClusterBase:
@@ -72,18 +81,29 @@ class ClusterBase:
         self.num_devices = lowered.num_devices
         self.axis_names = lowered.axis_names
         self.width = group.width
+        self.layouts: dict[str, ShardLayout] = {t: lowered.layout(t) for t in self.table_names}
 
     # --- helpers -----------------------------------------------------------------------
 
-    def plan_of(self, table: str):
-        return self.lowered.plan.table(table)
-
     def placement(self, table: str) -> tuple[np.ndarray, np.ndarray]:
-        tp = self.plan_of(table)
-        return self.group.placement(table, tp.column_shards, tp.row_shards)
+        """`(device [c, r], row_offset [c, r])` of a routed (RB / UB) table's shards."""
+        layout = self.layouts[table]
+        return self.group.placement(table, layout.column_shards, layout.row_shards)
 
     def table_index(self, table: str) -> int:
         return self.table_names.index(table)
+
+    def shard_requests(self, table: str, ids: jax.Array) -> ShardRequests:
+        """Destination device and buffer row of each id (< 0: padding) of `table`, in
+        every column slice, by the table's `ShardLayout`."""
+        layout = self.layouts[table]
+        dev, off = self.placement(table)
+        valid = ids >= 0
+        j = jnp.where(valid, layout.row_shard(ids), 0)
+        local_row = layout.local_row(ids)
+        dst = [jnp.where(valid, jnp.asarray(dev[k])[j], -1) for k in range(dev.shape[0])]
+        row = [jnp.asarray(off[k])[j] + local_row for k in range(dev.shape[0])]
+        return ShardRequests(j, dst, row)
 
     def output_shape(self, f: FeatureConfig) -> tuple[int, ...]:
         d = self.lowered.table(f.table).dim
@@ -103,19 +123,21 @@ class ClusterBase:
 
     # --- to be provided by each cluster ------------------------------------------------
 
-    def route(self, batch) -> tuple[dict[str, Any], jax.Array]:
+    # `res` is the cluster's residuals NamedTuple (`DPResiduals`, `RBResiduals`, ...).
+
+    def route(self, batch) -> tuple[Any, jax.Array]:
         raise NotImplementedError
 
-    def owner(self, buffer: jax.Array, res: dict[str, Any]) -> Any:
+    def owner(self, buffer: jax.Array, res: Any) -> Any:
         raise NotImplementedError
 
-    def combine(self, owner_out: Any, res: dict[str, Any]) -> dict[str, jax.Array]:
+    def combine(self, owner_out: Any, res: Any) -> dict[str, jax.Array]:
         raise NotImplementedError
 
     def update(self, buffer, state, res, g_owner, optimizer: SparseOptimizer):
         raise NotImplementedError
 
-    def owner_out_zeros(self, buffer: jax.Array, res: dict[str, Any]) -> Any:
+    def owner_out_zeros(self, buffer: jax.Array, res: Any) -> Any:
         """Zeros shaped like `owner(buffer, res)`, varying over the mesh like it."""
         shape = jax.eval_shape(self.owner, buffer, res)
         return jax.tree.map(
@@ -127,7 +149,7 @@ class ClusterBase:
 
     # --- generic forward and two-phase backward ---------------------------------------
 
-    def forward(self, buffer: jax.Array, batch) -> tuple[dict[str, jax.Array], dict, jax.Array]:
+    def forward(self, buffer: jax.Array, batch) -> tuple[dict[str, jax.Array], Any, jax.Array]:
         res, overflow = self.route(batch)
         return self.combine(self.owner(buffer, res), res), res, overflow
 

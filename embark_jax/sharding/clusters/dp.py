@@ -6,6 +6,8 @@ identical and lazy optimizers stay lazy."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -15,29 +17,33 @@ from embark_jax.core.specs import Combiner
 from embark_jax.ops.lookup import id_scale
 from embark_jax.sharding.clusters.base import ClusterBase, feature_inputs
 
-__all__ = ["DPCluster"]
+__all__ = ["DPCluster", "DPResiduals"]
+
+
+class DPResiduals(NamedTuple):
+    """Per feature: the local lookups of this device's replica."""
+
+    rows: dict[str, jax.Array]  # [b * H] buffer row of each id slot, -1 for padding
+    seg: dict[str, jax.Array]  # [b * H] sample of each id slot
+    w: dict[str, jax.Array]  # [b * H] weight of each id slot (0 for padding)
 
 
 class DPCluster(ClusterBase):
     def route(self, batch):
-        res = {}
+        res = DPResiduals({}, {}, {})
         for name, fi in feature_inputs(self.lowered, self.group, batch).items():
             f = self.lowered.config.feature_by_name[name]
             offset = self.group.shard(f.table, 0, 0).row_offset
-            res[name] = {
-                "rows": jnp.where(fi.ids >= 0, fi.ids + offset, -1),
-                "seg": fi.seg,
-                "w": fi.weights,
-            }
+            res.rows[name] = jnp.where(fi.ids >= 0, fi.ids + offset, -1)
+            res.seg[name] = fi.seg
+            res.w[name] = fi.weights
         return res, jnp.zeros((len(self.table_names),), jnp.int32)
 
     def owner(self, buffer, res):
         out = {}
         for f in self.features:
-            r = res[f.name]
-            y = ops.lookup_pool(
-                buffer, r["rows"], r["seg"], self.b, r["w"], f.combiner, indices_are_sorted=True
-            )
+            rows, seg, w = res.rows[f.name], res.seg[f.name], res.w[f.name]
+            y = ops.lookup_pool(buffer, rows, seg, self.b, w, f.combiner, indices_are_sorted=True)
             out[f.name] = y.astype(jnp.float32).reshape(self.output_shape(f))
         return out
 
@@ -47,15 +53,15 @@ class DPCluster(ClusterBase):
     def update(self, buffer, state, res, g_owner, optimizer):
         rows, grads = [], []
         for f in self.features:
-            r = res[f.name]
+            f_rows = res.rows[f.name]
             g = g_owner[f.name].astype(jnp.float32)
             per_id = f.combiner is Combiner.NONE
             g = g.reshape(-1, g.shape[-1])
             n_out = g.shape[0]
-            seg = jnp.arange(r["rows"].shape[0], dtype=jnp.int32) if per_id else r["seg"]
-            scale = id_scale(r["rows"], seg, n_out, r["w"], f.combiner, None)
+            seg = jnp.arange(f_rows.shape[0], dtype=jnp.int32) if per_id else res.seg[f.name]
+            scale = id_scale(f_rows, seg, n_out, res.w[f.name], f.combiner, None)
             grads.append(jnp.take(g, seg, axis=0) * scale[:, None])
-            rows.append(jnp.where(scale != 0, r["rows"], -1))
+            rows.append(jnp.where(scale != 0, f_rows, -1))
         rows, grads = jnp.concatenate(rows), jnp.concatenate(grads)
         vocab, width = buffer.shape
         dense_bytes = 2 * vocab * (width + 1) * 4  # all-reduce of grads + touched counts

@@ -1,6 +1,7 @@
-"""Reduction-based cluster: ids go to the row shard that owns them (id % r) in every column
-slice; owners pool their ids per (source, sample, feature) into one partial vector; partial
-vectors return and are summed over row shards; column slices are concatenated.
+"""Reduction-based cluster: ids go to the row shard that owns them (the table's
+`ShardLayout`) in every column slice; owners pool their ids per (source, sample, feature) into
+one partial vector; partial vectors return and are summed over row shards; column slices are
+concatenated (`docs/design.md`, "Clusters").
 
 On a `("node", "local")` mesh the return path is hierarchical: partial vectors are first
 summed inside each node (all-to-all over "local"), then exchanged across nodes only between
@@ -13,15 +14,29 @@ request's bag is `slot * b + sample`, and the owner pools into `[G sources, S sl
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from embark_jax import ops
 from embark_jax.core.specs import Combiner
 from embark_jax.sharding import routing
+from embark_jax.sharding.capacity import group_capacity
 from embark_jax.sharding.clusters.base import ClusterBase, feature_inputs
 
-__all__ = ["RBCluster"]
+__all__ = ["RBCluster", "RBResiduals"]
+
+
+class RBResiduals(NamedTuple):
+    """What the owner received, flat over `[G sources, capacity]`, and the requester's
+    pooling divisors."""
+
+    rows: jax.Array  # buffer row of each received request, -1 for empty slots
+    seg: jax.Array  # owner bag `(src * S + slot) * b + sample`, -1 for empty slots
+    w: jax.Array  # weight of each received request (0 for empty slots)
+    denom: dict[str, jax.Array]  # feature -> [b] divisor of a mean / sqrtn combiner
 
 
 class RBCluster(ClusterBase):
@@ -39,61 +54,51 @@ class RBCluster(ClusterBase):
         self.slot_of = {
             (f, k, d): i for d, s in enumerate(self.served) for i, (f, k) in enumerate(s)
         }
-        # bucket capacity: worst over destinations of the sum of per-slot capacities
-        per_dst = [0] * g_count
+        # feature -> [c, r] owner slot of each of its table's shards
+        self.slot_table: dict[str, np.ndarray] = {}
         for f in self.features:
-            tp = self.plan_of(f.table)
             dev, _ = self.placement(f.table)
-            n = self.b * self.hotness[f.name]
-            cap = routing.bucket_capacity(
-                n / tp.row_shards,
-                n,
-                tp.capacity_factor or self.options.capacity_factor,
-                tp.row_shards,
+            self.slot_table[f.name] = np.array(
+                [[self.slot_of[(f.name, k, int(d))] for d in col] for k, col in enumerate(dev)],
+                np.int32,
             )
-            for d in dev.reshape(-1):
-                per_dst[int(d)] += cap
-        self.capacity = max(1, max(per_dst))
+        self.capacity = group_capacity(self.lowered, self.group, self.b, self.hotness, self.options)
         topo = self.lowered.plan.topology
         self.hier = self.options.hierarchical and topo.num_nodes > 1
         if self.hier:
-            n_nodes, local = topo.num_nodes, topo.devices_per_node
-            self.node_served: list[list[tuple[str, int]]] = [[] for _ in range(n_nodes)]
-            for d in range(g_count):
-                for fk in self.served[d]:
-                    node = d // local
-                    if fk not in self.node_served[node]:
-                        self.node_served[node].append(fk)
-            self.node_slots = max(1, max(len(s) for s in self.node_served))
-            # owner slot -> node slot, per device (-1: padding slot)
-            table = np.full((g_count, self.slots), -1, np.int32)
-            for d in range(g_count):
-                for i, fk in enumerate(self.served[d]):
-                    table[d, i] = self.node_served[d // local].index(fk)
-            self.owner_to_node_slot = table
+            self._init_hierarchical(topo.num_nodes, topo.devices_per_node)
+
+    def _init_hierarchical(self, n_nodes: int, local: int) -> None:
+        """The node-level slots: what each node serves, and each owner slot's node slot."""
+        self.node_served: list[list[tuple[str, int]]] = [[] for _ in range(n_nodes)]
+        for d in range(self.num_devices):
+            for fk in self.served[d]:
+                if fk not in self.node_served[d // local]:
+                    self.node_served[d // local].append(fk)
+        self.node_slots = max(1, max(len(s) for s in self.node_served))
+        # owner slot -> node slot, per device (-1: padding slot)
+        table = np.full((self.num_devices, self.slots), -1, np.int32)
+        for d in range(self.num_devices):
+            for i, fk in enumerate(self.served[d]):
+                table[d, i] = self.node_served[d // local].index(fk)
+        self.owner_to_node_slot = table
 
     # --- routing ---------------------------------------------------------------------
 
     def route(self, batch):
         dsts, rows, bags, ws, tidx = [], [], [], [], []
-        res = {"denom": {}}
+        denom = {}
         for name, fi in feature_inputs(self.lowered, self.group, batch).items():
             f = self.lowered.config.feature_by_name[name]
-            tp = self.plan_of(f.table)
-            dev, off = self.placement(f.table)
-            slot = np.vectorize(lambda k, j, _n=name, _d=dev: self.slot_of[(_n, k, int(_d[k, j]))])(
-                *np.indices(dev.shape)
-            ).astype(np.int32)
-            valid = fi.ids >= 0
-            j = jnp.where(valid, fi.ids % tp.row_shards, 0)
-            local_row = fi.ids // tp.row_shards
-            for k in range(tp.column_shards):
-                dsts.append(jnp.where(valid, jnp.asarray(dev[k])[j], -1))
-                rows.append(jnp.asarray(off[k])[j] + local_row)
-                bags.append(jnp.asarray(slot[k])[j] * self.b + fi.seg)
+            req = self.shard_requests(f.table, fi.ids)
+            slot = self.slot_table[name]
+            for k in range(slot.shape[0]):
+                dsts.append(req.dst[k])
+                rows.append(req.row[k])
+                bags.append(jnp.asarray(slot[k])[req.j] * self.b + fi.seg)
                 ws.append(fi.weights)
                 tidx.append(jnp.full(fi.ids.shape, self.table_index(f.table), jnp.int32))
-            res["denom"][name] = self.denominator(fi, self.b, f.combiner)
+            denom[name] = self.denominator(fi, self.b, f.combiner)
         dst = jnp.concatenate(dsts)
         payloads = {"row": (jnp.concatenate(rows), -1), "bag": (jnp.concatenate(bags), 0)}
         if any(f.weighted for f in self.features):  # weights travel only when there are any
@@ -104,7 +109,7 @@ class RBCluster(ClusterBase):
         valid = recv["row"] >= 0
         seg = jnp.where(valid, src * (self.slots * self.b) + recv["bag"], -1)
         w = recv["w"] if "w" in recv else valid.astype(jnp.float32)
-        res.update(rows=recv["row"].reshape(-1), seg=seg.reshape(-1), w=w.reshape(-1))
+        res = RBResiduals(recv["row"].reshape(-1), seg.reshape(-1), w.reshape(-1), denom)
         overflow = ops.segment_sum(
             dropped.astype(jnp.int32),
             jnp.concatenate(tidx),
@@ -117,7 +122,7 @@ class RBCluster(ClusterBase):
 
     def owner(self, buffer, res):
         n_seg = self.num_devices * self.slots * self.b
-        pooled = ops.lookup_pool(buffer, res["rows"], res["seg"], n_seg, res["w"], "sum")
+        pooled = ops.lookup_pool(buffer, res.rows, res.seg, n_seg, res.w, "sum")
         pooled = self.options.to_wire(pooled)
         return pooled.reshape(self.num_devices, self.slots, self.b, self.width)
 
@@ -132,9 +137,7 @@ class RBCluster(ClusterBase):
             dev, _ = self.placement(f.table)
             cols = []
             for k in range(dev.shape[0]):
-                idx_d = dev[k]
-                idx_s = np.array([self.slot_of[(f.name, k, int(d))] for d in idx_d])
-                cols.append(jnp.sum(recv[idx_d, idx_s], axis=0))
+                cols.append(jnp.sum(recv[dev[k], self.slot_table[f.name][k]], axis=0))
             out[f.name] = self._finish(f, cols, res)
         return out
 
@@ -167,7 +170,7 @@ class RBCluster(ClusterBase):
     def _finish(self, f, cols, res):
         pooled = jnp.concatenate(cols, axis=-1).astype(jnp.float32)
         if f.combiner in (Combiner.MEAN, Combiner.SQRTN):
-            pooled = self.apply_denominator(pooled, res["denom"][f.name])
+            pooled = self.apply_denominator(pooled, res.denom[f.name])
         return pooled
 
     # --- owner update ------------------------------------------------------------------
@@ -175,5 +178,5 @@ class RBCluster(ClusterBase):
     def update(self, buffer, state, res, g_owner, optimizer):
         g = g_owner.reshape(-1, self.width)
         return self.owner_sparse_update(
-            buffer, state, res["rows"], res["seg"], res["w"], g, optimizer, Combiner.SUM
+            buffer, state, res.rows, res.seg, res.w, g, optimizer, Combiner.SUM
         )

@@ -1,0 +1,123 @@
+"""Capacity sizing (`embark_jax.sharding.capacity`): the numbers the clusters allocate."""
+
+import numpy as np
+
+from embark_jax.core.options import RuntimeOptions
+from embark_jax.core.plan import Plan, TablePlan, Topology
+from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.data.sparse import SparseFeatures
+from embark_jax.sharding.capacity import (
+    DEFAULT_CAPACITY_FACTOR,
+    TableCapacity,
+    derive_capacities,
+    group_capacity,
+    grow_capacities,
+    table_capacity,
+)
+from embark_jax.sharding.clusters import CLUSTERS
+from embark_jax.sharding.lowering import lower
+
+
+def _setup(cluster, r=4, cf=None, uc=None):
+    tables = [
+        TableConfig(name="rw", vocab_size=64, dim=8),
+        TableConfig(name="tw", vocab_size=9, dim=8),
+    ]
+    features = [
+        FeatureConfig(name="f", table="rw", max_hotness=8),
+        FeatureConfig(name="f2", table="rw", max_hotness=3),
+        FeatureConfig(name="g", table="tw", max_hotness=2),
+    ]
+    plan = Plan(
+        topology=Topology(num_nodes=1, devices_per_node=8),
+        batch_size=16,
+        tables=(
+            TablePlan(
+                name="rw",
+                cluster=cluster,
+                row_shards=r,
+                column_shards=1,
+                devices=(tuple(range(r)),),
+                capacity_factor=cf,
+                unique_capacity=uc,
+            ),
+            TablePlan(name="tw", cluster=cluster, row_shards=1, column_shards=1, devices=((1,),)),
+        ),
+    )
+    return lower(plan, EmbeddingConfig.create(tables, features))
+
+
+HOT = {"f": 8, "f2": 3, "g": 2}
+
+
+def test_rb_capacities():
+    lowered = _setup("rb")
+    opts = RuntimeOptions()
+    # per feature: ceil(2.0 * b * H / r), at most b * H
+    assert table_capacity(lowered, "rw", 2, HOT, opts) == TableCapacity(bucket=8 + 3)
+    assert table_capacity(lowered, "tw", 2, HOT, opts) == TableCapacity(bucket=4)  # worst case
+    # device 1 holds a rw shard and the tw table
+    assert group_capacity(lowered, lowered.groups[0], 2, HOT, opts) == 11 + 4
+    # the table's factor wins over the options', which wins over the default
+    assert (
+        table_capacity(lowered, "rw", 2, HOT, RuntimeOptions(capacity_factor=1.0)).bucket == 4 + 2
+    )
+    assert (
+        table_capacity(
+            _setup("rb", cf=0.5), "rw", 2, HOT, RuntimeOptions(capacity_factor=1.0)
+        ).bucket
+        == 2 + 1
+    )
+    assert table_capacity(lowered, "tw", 2, HOT, RuntimeOptions(capacity_factor=0.5)).bucket == 2
+
+
+def test_ub_capacities():
+    lowered = _setup("ub", uc=10)
+    opts = RuntimeOptions()
+    cap = table_capacity(lowered, "rw", 2, HOT, opts)
+    assert cap == TableCapacity(bucket=5, unique=10)  # min(22 slots, V, 10); ceil(2 * 10 / 4)
+    assert table_capacity(lowered, "tw", 2, HOT, opts) == TableCapacity(bucket=4, unique=4)
+    big = _setup("ub")
+    assert table_capacity(big, "rw", 64, HOT, opts).unique == 64  # at most the vocabulary
+
+
+def test_clusters_allocate_the_sized_capacities():
+    for cluster in ("rb", "ub"):
+        lowered = _setup(cluster, cf=1.5, uc=7)
+        opts = RuntimeOptions(capacity_factor=3.0)
+        group = lowered.groups[0]
+        cl = CLUSTERS[group.cluster](lowered, group, 2, HOT, opts)
+        assert cl.capacity == group_capacity(lowered, group, 2, HOT, opts)
+        if cluster == "ub":
+            assert cl.unique_capacity == {
+                t: table_capacity(lowered, t, 2, HOT, opts).unique for t in ("rw", "tw")
+            }
+
+
+def test_grow_doubles_the_factor_in_effect():
+    lowered = _setup("ub", uc=10)
+    plan = lowered.plan
+    grown = grow_capacities(plan, ["rw"], RuntimeOptions())
+    assert grown.table("rw").capacity_factor == 2 * DEFAULT_CAPACITY_FACTOR
+    assert grown.table("rw").unique_capacity == 20
+    assert grown.table("tw") == plan.table("tw")
+    grown = grow_capacities(plan, ["rw", "tw"], RuntimeOptions(capacity_factor=1.5))
+    assert grown.table("tw").capacity_factor == 3.0
+    assert grown.table("tw").unique_capacity is None
+
+
+def test_derive_capacities_from_skewed_batches():
+    lowered = _setup("ub")
+    rng = np.random.default_rng(0)
+    batch = SparseFeatures.from_dense(
+        {
+            "f": rng.integers(0, 4, size=(16, 8)) * 4,  # every id on row shard 0
+            "f2": rng.integers(0, 64, size=(16, 3)),
+            "g": rng.integers(0, 9, size=(16, 2)),
+        }
+    )
+    tuned = derive_capacities(lowered.plan, lowered.config, [batch], margin=1.0)
+    rw = tuned.table("rw")
+    assert rw.unique_capacity is not None and rw.unique_capacity <= 64
+    assert rw.capacity_factor >= 1.0
+    assert tuned.table("tw").capacity_factor is None  # table-wise: exact worst case
