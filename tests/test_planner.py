@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from embark_jax.cli.main import main
 from embark_jax.core.plan import Cluster, Plan
 from embark_jax.core.specs import Combiner
-from embark_jax.ops.optimizers import SGD, Adagrad
 from embark_jax.planner import (
     BASELINES,
     PRESETS,
@@ -28,6 +27,7 @@ from embark_jax.planner import (
 from embark_jax.planner import cost as C
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+SGD, ADAGRAD = (0, 0), (1, 0)  # optimizer slot footprints (per element, per row)
 HW1 = PRESETS["dgx-h100"]
 HW2 = HW1.with_shape(2, 4)
 
@@ -40,7 +40,7 @@ def small_model():
         PlannerTable(name="seq", vocab_size=5_000, dim=32, hotness=4, combiner=Combiner.NONE),
         PlannerTable(name="mid", vocab_size=200_000, dim=128, hotness=8),
     )
-    return ModelSpec(name="small", tables=tables, optimizer=SGD(learning_rate=0.1))
+    return ModelSpec(name="small", tables=tables, slot_footprint=SGD)
 
 
 # --- hand-computed costs ----------------------------------------------------------------------
@@ -65,7 +65,7 @@ def test_rb_shard_cost_by_hand():
         c=1,
         batch=batch,
         hw=hw,
-        opt=SGD(learning_rate=1.0),
+        slots=SGD,
         row_shards_in_node=1,
         hierarchical=True,
     )
@@ -78,21 +78,21 @@ def test_rb_shard_cost_by_hand():
     assert c.intra == pytest.approx(ids * 4 / 8 + vectors * 3 / 4)
     assert c.inter == pytest.approx(ids * 4 / 8 + vectors * 1 / 2)
     assert c.memory == pytest.approx(500 * 8 * 4 + n_ids * (8 + 32))
-    flat = C.rb_shard_cost(t, 2, 1, batch, hw, SGD(learning_rate=1.0), hierarchical=False)
+    flat = C.rb_shard_cost(t, 2, 1, batch, hw, SGD, hierarchical=False)
     assert flat.inter == pytest.approx((ids + vectors) * 4 / 8)
 
 
 def test_ub_and_dp_costs_by_hand():
     hw = HW1.with_shape(1, 8)
     t = PlannerTable(name="t", vocab_size=100, dim=4, hotness=2, unique_ratio=0.5, alpha=0.0)
-    opt = Adagrad(learning_rate=1.0)  # one float slot per element
-    ub = C.ub_shard_cost(t, 1, 1, batch=64, hw=hw, opt=opt)
+    slots = ADAGRAD  # one float slot per element
+    ub = C.ub_shard_cost(t, 1, 1, batch=64, hw=hw, slots=slots)
     n = 8 * 0.5 * 8 * 2  # 8 devices x 8 unique of 16 ids each
     touched = C.expected_unique(128, 100, 0.0)
     assert ub.compute == pytest.approx(2 * n * 4 * 4 + n * 4 * 4 + touched * (2 * 16 + 2 * 4 * 4))
     assert ub.intra == pytest.approx(n * 4 + 2 * n * 16) and ub.inter == 0
     assert ub.memory == pytest.approx(100 * (16 + 16) + n * (4 + 16))
-    dp = C.dp_cost(t, 64, hw, opt)
+    dp = C.dp_cost(t, 64, hw, slots)
     dense = 2 * 100 * (16 + 4) * 7 / 8  # all-reduce within the node
     sparse = 7 * 8 * 2 * (16 + 4)
     assert dp.intra == pytest.approx(min(dense, sparse)) and dp.inter == 0
@@ -134,7 +134,7 @@ def test_golden_small_plans():
 def test_nothing_fits_raises_typed_error():
     huge = ModelSpec(
         name="huge",
-        optimizer=SGD(learning_rate=0.1),
+        slot_footprint=SGD,
         tables=(PlannerTable(name="giant", vocab_size=10**12, dim=128, hotness=1),),
     )
     with pytest.raises(PlannerError, match=r"table 'giant' does not fit: needs .* GB short") as e:
@@ -155,7 +155,7 @@ def models(draw):
         )
         for i in range(n)
     )
-    return ModelSpec(name="p", tables=tables, optimizer=SGD(learning_rate=0.1))
+    return ModelSpec(name="p", tables=tables, slot_footprint=SGD)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
@@ -246,9 +246,7 @@ def test_planned_mini_model_runs_on_8_devices():
     hw = HW1.with_shape(2, 4)
     ev = plan(model, 64, hw)
     cfg = model.embedding_config()
-    coll = EmbeddingCollection(
-        cfg.tables, cfg.features, ev.plan, ev.plan.make_mesh(), rngs=nnx.Rngs(0)
-    )
+    coll = EmbeddingCollection(cfg, ev.plan, ev.plan.make_mesh(), rngs=nnx.Rngs(0))
     batch = SyntheticDataset(cfg, batch_size=64, seed=0).batch(0).sparse
     out = coll(coll.shard_batch(batch))
     want = collection_ref.forward(cfg, coll.full_tables(), batch)

@@ -6,10 +6,17 @@ import argparse
 import json
 import time
 
-from embark_jax.planner import report
-from embark_jax.planner.hardware import PRESETS, get_hardware
-from embark_jax.planner.model import load_preset, preset_names
-from embark_jax.planner.search import BASELINES, PlannerError, baseline, plan
+from embark_jax.planner import (
+    BASELINES,
+    PRESETS,
+    PlannerError,
+    baseline,
+    get_hardware,
+    load_preset,
+    plan,
+    preset_names,
+    report,
+)
 
 SIM_MODELS = ("dcnv2", "t180", "t200", "t510")
 SIM_NODES = (1, 8, 16)

@@ -1,52 +1,40 @@
-"""The planner's cost model: small pure functions, one per quantity, all per step (forward
-plus backward) and per device, in bytes; `seconds` turns bytes into time on a topology.
+"""The planner's cost model: small pure functions, one per quantity and one per cluster kind,
+all per step (forward plus backward) and per device, in bytes; `seconds` turns bytes into
+time on a topology. `estimate` applies them to a table's `Option`.
 
 Notation: B global batch, G devices (N nodes x L per node), h ids per sample for the table,
 d its dim, d' = d / c a column slice, r row shards, e bytes per element, u a unique ratio.
+`slots` is the optimizer's slot footprint: (float32 slots per element, per row).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
 import numpy as np
 
-from embark_jax.ops.optimizers import SparseOptimizer
 from embark_jax.planner.hardware import HardwareTopology
 from embark_jax.planner.model import PlannerTable
+from embark_jax.planner.types import Cost
 
 __all__ = [
     "Cost",
     "dense_seconds",
     "dp_cost",
     "expected_unique",
+    "rb_requester_cost",
     "rb_shard_cost",
-    "requester_cost",
     "seconds",
+    "slot_floats_per_row",
+    "table_memory",
+    "ub_requester_cost",
     "ub_shard_cost",
+    "unique_ratio",
+    "update_bytes",
 ]
 
 ID_BYTES = 4
-
-
-@dataclasses.dataclass(frozen=True)
-class Cost:
-    """Bytes a device moves for one shard in one step."""
-
-    compute: float = 0.0  # HBM bytes read + written (lookup, pooling, backward, update)
-    intra: float = 0.0  # bytes over intra-node links
-    inter: float = 0.0  # bytes over inter-node links
-    memory: float = 0.0  # resident bytes (table + optimizer slots + routing buffers)
-
-    def __add__(self, o: Cost) -> Cost:
-        return Cost(
-            self.compute + o.compute,
-            self.intra + o.intra,
-            self.inter + o.inter,
-            self.memory + o.memory,
-        )
 
 
 def seconds(c: Cost, hw: HardwareTopology) -> tuple[float, float]:
@@ -76,18 +64,19 @@ def unique_ratio(t: PlannerTable, n: float) -> float:
     return min(1.0, expected_unique(n, t.vocab_size, t.alpha) / max(n, 1.0))
 
 
-def slot_floats_per_row(opt: SparseOptimizer, width: int) -> float:
-    shapes = opt.slot_shapes(1, width)
-    return float(sum(math.prod(s) for s in shapes.values()))
+def slot_floats_per_row(slots: tuple[int, int], width: int) -> float:
+    """float32 optimizer slots one row of `width` elements carries."""
+    per_element, per_row = slots
+    return float(per_element * width + per_row)
 
 
-def update_bytes(rows: float, width: int, e: int, opt: SparseOptimizer) -> float:
+def update_bytes(rows: float, width: int, e: int, slots: tuple[int, int]) -> float:
     """Fused sparse update: read + write each touched row and its optimizer slots."""
-    return rows * (2 * width * e + 2 * 4 * slot_floats_per_row(opt, width))
+    return rows * (2 * width * e + 2 * 4 * slot_floats_per_row(slots, width))
 
 
-def table_memory(rows: float, width: int, e: int, opt: SparseOptimizer) -> float:
-    return rows * (width * e + 4 * slot_floats_per_row(opt, width))
+def table_memory(rows: float, width: int, e: int, slots: tuple[int, int]) -> float:
+    return rows * (width * e + 4 * slot_floats_per_row(slots, width))
 
 
 def _flat_split(nbytes: float, hw: HardwareTopology) -> tuple[float, float]:
@@ -110,7 +99,7 @@ def rb_shard_cost(
     c: int,
     batch: int,
     hw: HardwareTopology,
-    opt: SparseOptimizer,
+    slots: tuple[int, int],
     row_shards_in_node: int = 1,
     hierarchical: bool = False,
 ) -> Cost:
@@ -122,7 +111,7 @@ def rb_shard_cost(
     compute = (
         (n_ids * w * e + batch * w * e)
         + (batch * w * 4 + n_ids * w * 4)
-        + update_bytes(touched, w, e, opt)
+        + update_bytes(touched, w, e, slots)
     )
     ids = n_ids * 2 * ID_BYTES
     vectors = 2 * batch * w * e  # partials forward + gradients backward
@@ -134,13 +123,13 @@ def rb_shard_cost(
     else:
         v_intra, v_inter = _flat_split(vectors, hw)
     rows = math.ceil(t.vocab_size / r)
-    mem = table_memory(rows, w, e, opt) + n_ids * (2 * ID_BYTES + w * e)  # + receive buffers
+    mem = table_memory(rows, w, e, slots) + n_ids * (2 * ID_BYTES + w * e)  # + receive buffers
     return Cost(compute, i_intra + v_intra, i_inter + v_inter, mem)
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def ub_shard_cost(
-    t: PlannerTable, r: int, c: int, batch: int, hw: HardwareTopology, opt: SparseOptimizer
+    t: PlannerTable, r: int, c: int, batch: int, hw: HardwareTopology, slots: tuple[int, int]
 ) -> Cost:
     """One UB shard: every device sends its unique ids (u * b * h) split over r shards;
     the shard returns one vector per requested id and gets one gradient back per id."""
@@ -149,15 +138,15 @@ def ub_shard_cost(
     u_local = unique_ratio(t, b * t.hotness) * b * t.hotness
     n = hw.num_devices * u_local / r
     touched = expected_unique(batch * t.hotness, t.vocab_size, t.alpha) / r
-    compute = 2 * n * w * e + n * w * 4 + update_bytes(touched, w, e, opt)
+    compute = 2 * n * w * e + n * w * 4 + update_bytes(touched, w, e, slots)
     intra, inter = _flat_split(n * ID_BYTES + 2 * n * w * e, hw)
     rows = math.ceil(t.vocab_size / r)
-    mem = table_memory(rows, w, e, opt) + n * (ID_BYTES + w * e)  # + receive buffers
+    mem = table_memory(rows, w, e, slots) + n * (ID_BYTES + w * e)  # + receive buffers
     return Cost(compute, intra, inter, mem)
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def dp_cost(t: PlannerTable, batch: int, hw: HardwareTopology, opt: SparseOptimizer) -> Cost:
+def dp_cost(t: PlannerTable, batch: int, hw: HardwareTopology, slots: tuple[int, int]) -> Cost:
     """A DP replica (on every device): local lookups of the device's b samples; gradients
     exchanged as the cheaper of a dense all-reduce (2 V d) and an all-gather of the
     per-id gradients (B h d); the same sparse update on every replica."""
@@ -166,27 +155,31 @@ def dp_cost(t: PlannerTable, batch: int, hw: HardwareTopology, opt: SparseOptimi
     b = batch / g
     touched = expected_unique(batch * t.hotness, t.vocab_size, t.alpha)
     compute = (
-        b * t.hotness * d * e + b * d * e + b * t.hotness * d * 4 + update_bytes(touched, d, e, opt)
+        b * t.hotness * d * e
+        + b * d * e
+        + b * t.hotness * d * 4
+        + update_bytes(touched, d, e, slots)
     )
     dense = _allreduce_split(t.vocab_size * (d * 4 + 4), hw)
     sparse = _flat_split((g - 1) * b * t.hotness * (d * 4 + ID_BYTES), hw)
     intra, inter = min(dense, sparse, key=lambda x: x[0] / hw.intra_bw + x[1] / hw.inter_bw)
-    return Cost(compute, intra, inter, table_memory(t.vocab_size, d, e, opt))
+    return Cost(compute, intra, inter, table_memory(t.vocab_size, d, e, slots))
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def requester_cost(t: PlannerTable, cluster: str, r: int, batch: int, hw: HardwareTopology) -> Cost:
-    """Work every device does for its own samples of an RB/UB table (uniform over the
-    devices): RB sums r partial vectors per sample (and fans the gradient back out); UB
-    pools its b * h ids from the returned unique vectors (and scatters their gradients).
-    A DP table's local lookup is already in `dp_cost`."""
+def rb_requester_cost(t: PlannerTable, r: int, batch: int, hw: HardwareTopology) -> Cost:
+    """Work every device does for its own samples of an RB table: it sums r partial vectors
+    per sample (and fans the gradient back out)."""
+    b = batch / hw.num_devices
+    return Cost(compute=2 * b * r * t.dim * t.dtype_bytes)
+
+
+def ub_requester_cost(t: PlannerTable, batch: int, hw: HardwareTopology) -> Cost:
+    """Work every device does for its own samples of a UB table: it pools its b * h ids
+    from the returned unique vectors (and scatters their gradients). (A DP table's local
+    lookup is already in `dp_cost`.)"""
     e, d = t.dtype_bytes, t.dim
     b = batch / hw.num_devices
-    if cluster == "rb":
-        return Cost(compute=2 * b * r * d * e)
-    if cluster == "ub":
-        return Cost(compute=2 * (b * t.hotness * d * e + b * d * e))
-    return Cost()
+    return Cost(compute=2 * (b * t.hotness * d * e + b * d * e))
 
 
 def dense_seconds(flops_per_sample: float, params: int, batch: int, hw: HardwareTopology) -> float:

@@ -38,9 +38,6 @@ class HardwareTopology:
     def topology(self) -> Topology:
         return Topology(num_nodes=self.num_nodes, devices_per_node=self.devices_per_node)
 
-    def node_of(self, device: int) -> int:
-        return device // self.devices_per_node
-
     def with_shape(self, num_nodes: int, devices_per_node: int) -> HardwareTopology:
         return dataclasses.replace(self, num_nodes=num_nodes, devices_per_node=devices_per_node)
 

@@ -1,5 +1,8 @@
-"""What the planner plans for: tables with their average hotness, and the paper's models.
+"""What the planner plans for: tables with their average hotness, the optimizer's slot
+footprint, and the paper's models.
 
+The optimizer enters only as numbers (`ModelSpec.slot_footprint`), so that planning never
+loads the kernels' optimizer classes (nor JAX): callers pass `opt.slot_footprint`.
 `ModelSpec` presets come from `data/paper_models.json` (the paper's DLRM-DCNv2, T180, T200,
 T510 and T7). The `-mini` variants keep every table's hotness and dim and scale the
 vocabularies down so that they train on a CPU machine.
@@ -12,13 +15,23 @@ import json
 import math
 import os
 
-from embark_jax.core.specs import Combiner, EmbeddingConfig, FeatureConfig, TableConfig
-from embark_jax.ops.optimizers import SGD, Adagrad, SparseOptimizer
+from embark_jax.core.specs import (
+    Combiner,
+    EmbeddingConfig,
+    FeatureConfig,
+    TableConfig,
+    as_dtype,
+)
 
-__all__ = ["ModelSpec", "PlannerTable", "load_preset", "preset_names"]
+__all__ = ["SLOT_FOOTPRINTS", "ModelSpec", "PlannerTable", "load_preset", "preset_names"]
 
 _DATA = os.path.join(os.path.dirname(__file__), "data", "paper_models.json")
 MINI_MAX_VOCAB = 20_000
+
+# float32 optimizer slots (per table element, per row) of the sparse optimizers, as their
+# `slot_footprint` reports them
+SLOT_FOOTPRINTS = {"sgd": (0, 0), "adagrad": (1, 0), "rowwise_adagrad": (0, 1), "adam": (2, 0)}
+ADAGRAD = SLOT_FOOTPRINTS["adagrad"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,12 +52,28 @@ class PlannerTable:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelSpec:
+    """The tables, the sparse optimizer's `slot_footprint` = (float32 slots per table
+    element, float32 slots per row): SGD (0, 0), Adagrad (1, 0), row-wise Adagrad (0, 1),
+    Adam (2, 0); and the dense net's forward FLOPs per sample and parameter count."""
+
     name: str
     tables: tuple[PlannerTable, ...]
-    optimizer: SparseOptimizer
+    slot_footprint: tuple[int, int] = ADAGRAD
     dense_flops_per_sample: float = 0.0
     dense_params: int = 0
     default_batch: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        fp = self.slot_footprint
+        if not (
+            isinstance(fp, tuple)
+            and len(fp) == 2
+            and all(isinstance(x, int) and x >= 0 for x in fp)
+        ):
+            raise TypeError(
+                f"slot_footprint must be (slots per element, slots per row), two ints >= 0, "
+                f"e.g. an optimizer's `.slot_footprint`; got {fp!r}"
+            )
 
     def table(self, name: str) -> PlannerTable:
         return next(t for t in self.tables if t.name == name)
@@ -65,7 +94,10 @@ class ModelSpec:
 
     @classmethod
     def from_config(
-        cls, config: EmbeddingConfig, optimizer: SparseOptimizer, name: str = "custom"
+        cls,
+        config: EmbeddingConfig,
+        slot_footprint: tuple[int, int] = ADAGRAD,
+        name: str = "custom",
     ) -> ModelSpec:
         tables = []
         for t in config.tables:
@@ -82,16 +114,10 @@ class ModelSpec:
                     dim=t.dim,
                     hotness=float(sum(f.max_hotness for f in feats)),
                     combiner=combiner,
-                    dtype_bytes=_dtype_bytes(t),
+                    dtype_bytes=as_dtype(t.dtype).itemsize,
                 )
             )
-        return cls(name=name, tables=tuple(tables), optimizer=optimizer)
-
-
-def _dtype_bytes(t: TableConfig) -> int:
-    import jax.numpy as jnp
-
-    return jnp.dtype(t.dtype).itemsize
+        return cls(name=name, tables=tuple(tables), slot_footprint=slot_footprint)
 
 
 def _dense_cost(common: dict, num_tables: int, dim: int = 128) -> tuple[float, int]:
@@ -146,13 +172,12 @@ def load_preset(name: str) -> ModelSpec:
         )
         for t in m["tables"]
     )
-    opt = Adagrad(learning_rate=0.01) if m["optimizer"] == "adagrad" else SGD(learning_rate=0.01)
     flops, params = _dense_cost(common, len(tables))
     batches = {k: v for k, v in common["mlperf_batch"].items()}
     return ModelSpec(
         name=name,
         tables=tables,
-        optimizer=opt,
+        slot_footprint=SLOT_FOOTPRINTS[m["optimizer"]],
         dense_flops_per_sample=flops,
         dense_params=params,
         default_batch=batches,

@@ -1,5 +1,6 @@
-"""Human-readable planner output: per-cluster and per-device summaries, the reason behind
-every table's cluster and split, the simulator table, and a PNG of per-device load."""
+"""Stage `report`: human-readable planner output. `summary` gives the predicted step, the
+per-cluster and per-device views and every table's placement with its reason (from
+`explain`); `plot` draws per-device time and memory as a PNG (matplotlib, loaded lazily)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from embark_jax.planner.search import Evaluation
+from embark_jax.planner.types import Evaluation
 
 __all__ = ["plot", "summary"]
 

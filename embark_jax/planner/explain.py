@@ -1,0 +1,58 @@
+"""Stage `explain`: the reason behind every table's decision, written after the search from
+the decisions it recorded (`types.Trace`), never inside the algorithm.
+
+A table's reason is its cluster (with why, and every candidate's price), then each split
+it took in order: rows doubled to fit the memory cap, and rows or columns doubled because
+it was the heaviest shard on the bottleneck device (with the step before and after).
+"""
+
+from __future__ import annotations
+
+from embark_jax.core.plan import Cluster
+from embark_jax.planner.model import ModelSpec, PlannerTable
+from embark_jax.planner.types import ClusterChoice, Refinement, RowSplit, Trace
+
+__all__ = ["baseline_reasons", "explain"]
+
+
+def explain(model: ModelSpec, trace: Trace) -> dict[str, str]:
+    """Per table name, why the search gave it its cluster and splits."""
+    if trace.baseline is not None:
+        return {t.name: f"baseline {trace.baseline} was predicted fastest" for t in model.tables}
+    tables = {t.name: t for t in model.tables}
+    reasons = {c.table: _cluster_reason(tables[c.table], c) for c in trace.clusters}
+    for s in trace.steps:
+        reasons[s.table] = reasons.get(s.table, "") + _step_reason(s)
+    return reasons
+
+
+def baseline_reasons(model: ModelSpec, kind: str) -> dict[str, str]:
+    return {t.name: f"baseline {kind}" for t in model.tables}
+
+
+_WHY = {
+    Cluster.DP: lambda t: "small replica, no routing",
+    Cluster.RB: lambda t: f"pooling {t.hotness:g} ids/sample at the owner compresses traffic",
+    Cluster.UB: lambda t: (
+        "few distinct ids per device (or sequence output): one vector per "
+        "unique id is the least traffic"
+    ),
+}
+
+
+def _cluster_reason(t: PlannerTable, c: ClusterChoice) -> str:
+    priced = ", ".join(
+        f"{o.cluster.value} {s * 1e6:.1f} us"
+        for o, s in sorted(c.priced, key=lambda x: x[0].sort_key)
+    )
+    return f"{c.option.cluster.value}: {_WHY[c.option.cluster](t)} [{priced}]"
+
+
+def _step_reason(s: RowSplit | Refinement) -> str:
+    if isinstance(s, RowSplit):
+        return f"; rows split to {s.row_shards} to fit the memory cap"
+    return (
+        f"; split {s.how} -> r={s.option.row_shards} c={s.option.column_shards} (it was the "
+        f"heaviest shard on the bottleneck device {s.device}: step {s.before_s * 1e3:.3f} -> "
+        f"{s.after_s * 1e3:.3f} ms)"
+    )

@@ -1,0 +1,181 @@
+"""The planner's value types, shared by every stage (docs/design.md, section "Planner").
+
+`Option` is one way to shard one table (cluster, row shards, column shards); `Cost` is what
+one shard of an option moves per step; `Problem` bundles what every stage prices against
+(model, batch, hardware, memory cap); `Evaluation` is a placed plan with its per-device
+times. The decision records (`ClusterChoice`, `RowSplit`, `Refinement`) and `Trace` are what
+the search decided, in order; `explain` turns them into the per-table reasons afterwards,
+so the algorithm itself never formats text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from embark_jax.core.plan import Cluster, Plan
+from embark_jax.planner.hardware import HardwareTopology
+from embark_jax.planner.model import ModelSpec, PlannerTable
+
+__all__ = [
+    "ClusterChoice",
+    "Cost",
+    "Evaluation",
+    "Option",
+    "PlannerError",
+    "Problem",
+    "Refinement",
+    "RowSplit",
+    "Trace",
+]
+
+
+class PlannerError(ValueError):
+    """No plan fits: names the table and by how much it misses the memory cap."""
+
+    def __init__(self, table: str, need: float, available: float, detail: str = ""):
+        self.table, self.need, self.available = table, need, available
+        super().__init__(
+            f"table {table!r} does not fit: needs {need / 1e9:.2f} GB on a device, "
+            f"{available / 1e9:.2f} GB available ({(need - available) / 1e9:.2f} GB short)"
+            + (f"; {detail}" if detail else "")
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One way to shard a table: its cluster, split into `row_shards` x `column_shards`
+    shards (one per device); a DP option is one replica on every device."""
+
+    cluster: Cluster
+    row_shards: int = 1
+    column_shards: int = 1
+
+    @property
+    def sort_key(self) -> tuple[str, int, int]:
+        return (self.cluster.value, self.row_shards, self.column_shards)
+
+    @property
+    def shards(self) -> int:
+        return self.row_shards * self.column_shards
+
+    def with_rows(self, row_shards: int) -> Option:
+        return dataclasses.replace(self, row_shards=row_shards)
+
+    def with_columns(self, column_shards: int) -> Option:
+        return dataclasses.replace(self, column_shards=column_shards)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """Bytes a device moves for one shard in one step."""
+
+    compute: float = 0.0  # HBM bytes read + written (lookup, pooling, backward, update)
+    intra: float = 0.0  # bytes over intra-node links
+    inter: float = 0.0  # bytes over inter-node links
+    memory: float = 0.0  # resident bytes (table + optimizer slots + routing buffers)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Problem:
+    """What every stage prices against: the model, the global batch, the hardware and the
+    per-device memory cap (bytes)."""
+
+    model: ModelSpec
+    batch: int
+    hw: HardwareTopology
+    cap: float
+    tables: dict[str, PlannerTable] = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "tables", {t.name: t for t in self.model.tables})
+
+    @classmethod
+    def create(
+        cls, model: ModelSpec, batch: int, hw: HardwareTopology, memory_fraction: float | None
+    ) -> Problem:
+        """`memory_fraction` of each device's memory is the cap; None: no cap."""
+        cap = math.inf if memory_fraction is None else memory_fraction * hw.memory_bytes
+        return cls(model, batch, hw, cap)
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """A placed plan with its per-device costs (seconds) and the predicted step time."""
+
+    plan: Plan
+    device_compute: np.ndarray
+    device_comm: np.ndarray
+    device_intra: np.ndarray
+    device_inter: np.ndarray
+    device_memory: np.ndarray
+    dense_s: float
+    name: str = "embark"
+    reasons: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def device_time(self) -> np.ndarray:
+        return self.device_compute + self.device_comm
+
+    @property
+    def embedding_s(self) -> float:
+        return float(self.device_time.max())
+
+    @property
+    def step_s(self) -> float:
+        return self.embedding_s + self.dense_s
+
+    @property
+    def bottleneck(self) -> int:
+        return int(np.argmax(self.device_time))
+
+    @property
+    def comm_share(self) -> float:
+        d = self.bottleneck
+        return float(self.device_comm[d] / self.step_s) if self.step_s else 0.0
+
+
+# --- what the search decided (read by `explain`) ------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterChoice:
+    """Stage `propose`: the cluster picked for a table and every candidate's price
+    (device-seconds per step over the whole machine), in candidate order."""
+
+    table: str
+    option: Option
+    priced: tuple[tuple[Option, float], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSplit:
+    """Stage `refine.fit_memory`: a table's rows were doubled so that it finds room."""
+
+    table: str
+    row_shards: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Refinement:
+    """Stage `refine.improve`: a split of the heaviest shard on the bottleneck device that
+    lowered the predicted step from `before_s` to `after_s`."""
+
+    table: str
+    how: str  # "rows" or "columns"
+    option: Option
+    device: int
+    before_s: float
+    after_s: float
+
+
+@dataclasses.dataclass
+class Trace:
+    """The search's decisions in the order it made them; `baseline` names the baseline that
+    replaced the search's plan (predicted faster), if any."""
+
+    clusters: list[ClusterChoice] = dataclasses.field(default_factory=list)
+    steps: list[RowSplit | Refinement] = dataclasses.field(default_factory=list)
+    baseline: str | None = None
