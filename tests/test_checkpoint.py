@@ -13,7 +13,8 @@ from embark_jax.ops import optimizers as O
 from embark_jax.planner import PRESETS, ModelSpec, baseline, plan
 from embark_jax.training import checkpoint as ckpt
 from embark_jax.training.models import DenseConfig
-from embark_jax.training.trainer import Trainer
+from embark_jax.training.runner import StepRunner
+from embark_jax.training.state import create
 from tests.test_train import CFG, mixed_plan
 
 DENSE = DenseConfig(kind="dcnv2", bottom=(8, 8), top=(8, 1), cross_layers=1, cross_rank=4)
@@ -21,16 +22,36 @@ OPT = O.Adam(learning_rate=0.05)  # two slots and a counter: the hardest state t
 B = 32
 
 
+class Run:
+    """A runner and the state it trains (the test's one owner of that state)."""
+
+    def __init__(self, p, seed=0, opt=OPT):
+        setup, self.state = create(
+            CFG, p, dense=DENSE, sparse_optimizer=opt, dense_optimizer=optax.adam(1e-2), seed=seed
+        )
+        self.runner = StepRunner(setup)
+        self.setup = setup
+
+    def step(self, batch):
+        self.state, r = self.runner.step(self.state, batch)
+        return r
+
+    def save(self, directory, **kw):
+        return ckpt.save(directory, self.setup, self.state, **kw)
+
+    def restore(self, directory, **kw):
+        self.state, meta = ckpt.restore(directory, self.setup, **kw)
+        return meta
+
+
 def trainer(p, seed=0, opt=OPT):
-    return Trainer(
-        CFG, p, dense=DENSE, sparse_optimizer=opt, dense_optimizer=optax.adam(1e-2), seed=seed
-    )
+    return Run(p, seed, opt)
 
 
 def all_tables(tr):
-    lw = tr.collection.lowered
+    lw = tr.setup.lowered
     return {
-        t.name: ckpt.table_arrays(lw, t.name, tr.state["emb"], tr.state["emb_opt"])
+        t.name: ckpt.table_arrays(lw, t.name, tr.state.tables, tr.state.slots)
         for t in lw.plan.tables
     }
 
@@ -46,13 +67,15 @@ def assert_same_state(a, b, dense=True):
             )
     if dense:
         for x, y in zip(
-            jax.tree.leaves(a.state["dense"]), jax.tree.leaves(b.state["dense"]), strict=True
+            jax.tree.leaves((a.state.dense_params, a.state.dense_opt, a.state.rng)),
+            jax.tree.leaves((b.state.dense_params, b.state.dense_opt, b.state.rng)),
+            strict=True,
         ):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def planner_plan(devices=8, nodes=2):
-    spec = ModelSpec.from_config(CFG, OPT)
+    spec = ModelSpec.from_config(CFG, slot_footprint=OPT.slot_footprint)
     hw = PRESETS["dgx-h100"].with_shape(nodes, devices // nodes)
     return spec, hw, plan(spec, B, hw)
 
@@ -62,11 +85,11 @@ def test_round_trip_is_bit_exact(tmp_path):
     a = trainer(mixed_plan())
     for i in range(2):
         a.step(ds.batch(i))
-    path = ckpt.save(str(tmp_path), a, data_position=2)
+    path = a.save(str(tmp_path), data_position=2)
     assert ckpt.latest_step(str(tmp_path)) == 2 and path.endswith("step_00000002")
     b = trainer(mixed_plan(), seed=7)  # different initial values everywhere
-    meta = ckpt.restore(str(tmp_path), b)
-    assert meta["data_position"] == 2 and int(b.state["step"]) == 2
+    meta = b.restore(str(tmp_path))
+    assert meta["data_position"] == 2 and int(b.state.step) == 2
     assert_same_state(a, b)
 
 
@@ -78,11 +101,11 @@ def test_restore_onto_4_devices_with_trw(tmp_path):
     a = trainer(ev.plan)
     for i in range(2):
         a.step(ds.batch(i))
-    ckpt.save(str(tmp_path), a)
+    a.save(str(tmp_path))
     trw = baseline(spec, B, PRESETS["dgx-h100"].with_shape(2, 2), "trw").plan
     assert trw.topology.num_devices == 4 and trw != ev.plan
     b = trainer(trw, seed=3)
-    ckpt.restore(str(tmp_path), b)
+    b.restore(str(tmp_path))
     assert_same_state(a, b)
 
 
@@ -91,16 +114,16 @@ def test_resume_equals_uninterrupted(tmp_path, same_plan):
     ds = SyntheticDataset(CFG, batch_size=B, seed=4)
     n, m = 3, 3
     full = trainer(mixed_plan())
-    losses = [full.step(ds.batch(i))["loss"] for i in range(n + m)]
+    losses = [full.step(ds.batch(i)).loss for i in range(n + m)]
 
     first = trainer(mixed_plan())
     for i in range(n):
         first.step(ds.batch(i))
-    ckpt.save(str(tmp_path), first, data_position=n)
+    first.save(str(tmp_path), data_position=n)
     other = planner_plan()[2].plan if not same_plan else mixed_plan()
     resumed = trainer(other, seed=9)
-    pos = ckpt.restore(str(tmp_path), resumed)["data_position"]
-    tail = [resumed.step(ds.batch(pos + i))["loss"] for i in range(m)]
+    pos = resumed.restore(str(tmp_path))["data_position"]
+    tail = [resumed.step(ds.batch(pos + i)).loss for i in range(m)]
     if same_plan:
         assert tail == losses[n:]  # exactly
     else:
@@ -110,27 +133,27 @@ def test_resume_equals_uninterrupted(tmp_path, same_plan):
 def test_export_import_single_tables(tmp_path):
     a = trainer(mixed_plan())
     a.step(SyntheticDataset(CFG, batch_size=B, seed=5).batch(0))
-    ckpt.export_table(a, "rw", str(tmp_path / "rw.npy"))
-    ckpt.export_table(a, "rc", str(tmp_path / "rc.npz"))
+    ckpt.export_table(a.setup, a.state, "rw", str(tmp_path / "rw.npy"))
+    ckpt.export_table(a.setup, a.state, "rc", str(tmp_path / "rc.npz"))
     want_rw = all_tables(a)["rw"]["table"]
     np.testing.assert_array_equal(np.load(tmp_path / "rw.npy"), want_rw)
     b = trainer(mixed_plan(), seed=11)
-    ckpt.import_table(b, "rw", str(tmp_path / "rw.npy"))
-    ckpt.import_table(b, "rc", str(tmp_path / "rc.npz"))
+    b.state = ckpt.import_table(b.setup, b.state, "rw", str(tmp_path / "rw.npy"))
+    b.state = ckpt.import_table(b.setup, b.state, "rc", str(tmp_path / "rc.npz"))
     got = all_tables(b)
     np.testing.assert_array_equal(got["rw"]["table"], want_rw)
     np.testing.assert_array_equal(got["rc"]["table"], all_tables(a)["rc"]["table"])
     np.testing.assert_array_equal(got["rc"]["slots"]["m"], all_tables(a)["rc"]["slots"]["m"])
     with pytest.raises(ValueError, match=r"table 'rw': checkpoint shape \(3, 8\) != configured"):
         np.save(tmp_path / "bad.npy", np.zeros((3, 8), np.float32))
-        ckpt.import_table(b, "rw", str(tmp_path / "bad.npy"))
+        ckpt.import_table(b.setup, b.state, "rw", str(tmp_path / "bad.npy"))
 
 
 def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     ds = SyntheticDataset(CFG, batch_size=B, seed=6)
     a = trainer(mixed_plan())
     a.step(ds.batch(0))
-    ckpt.save(str(tmp_path), a)
+    a.save(str(tmp_path))
     a.step(ds.batch(1))
     calls = {"n": 0}
     real = ckpt.table_arrays
@@ -143,21 +166,21 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ckpt, "table_arrays", dying)
     with pytest.raises(KeyboardInterrupt):
-        ckpt.save(str(tmp_path), a)
+        a.save(str(tmp_path))
     monkeypatch.undo()
     assert ckpt.latest_step(str(tmp_path)) == 1  # the partial step-2 save is invisible
     assert any(".tmp-" in n for n in os.listdir(tmp_path))
     b = trainer(mixed_plan(), seed=8)
-    assert ckpt.restore(str(tmp_path), b)["step"] == 1
+    assert b.restore(str(tmp_path))["step"] == 1
 
 
 def test_restore_rejects_mismatched_tables(tmp_path):
     a = trainer(mixed_plan())
-    ckpt.save(str(tmp_path), a)
+    a.save(str(tmp_path))
     with pytest.raises(ValueError, match="saved with another optimizer"):
-        ckpt.restore(str(tmp_path), trainer(mixed_plan(), opt=O.Adagrad(learning_rate=0.1)))
+        trainer(mixed_plan(), opt=O.Adagrad(learning_rate=0.1)).restore(str(tmp_path))
     with pytest.raises(FileNotFoundError):
-        ckpt.restore(str(tmp_path / "nothing"), a)
+        a.restore(str(tmp_path / "nothing"))
 
 
 def test_async_save_snapshots_the_state_while_training_goes_on(tmp_path):
@@ -165,12 +188,44 @@ def test_async_save_snapshots_the_state_while_training_goes_on(tmp_path):
     a = trainer(mixed_plan())
     a.step(ds.batch(0))
     want = all_tables(a)
-    pending = ckpt.save_async(str(tmp_path), a, data_position=1)
+    pending = ckpt.save_async(str(tmp_path), a.setup, a.state, data_position=1)
     for i in range(1, 3):  # donates and changes the live state meanwhile
         a.step(ds.batch(i))
     assert pending.wait().endswith("step_00000001") and pending.done()
     b = trainer(mixed_plan(), seed=5)
-    ckpt.restore(str(tmp_path), b)
+    b.restore(str(tmp_path))
     got = all_tables(b)
     for name in want:
         np.testing.assert_array_equal(got[name]["table"], want[name]["table"])
+
+
+def test_failed_restore_leaves_the_live_state_usable(tmp_path):
+    """A restore builds a new state: when it fails half way (the last table's files are
+    damaged), the live state is unchanged and the next step runs."""
+    import shutil
+
+    ds = SyntheticDataset(CFG, batch_size=B, seed=13)
+    a = trainer(mixed_plan())
+    a.step(ds.batch(0))
+    path = a.save(str(tmp_path))
+    b = trainer(mixed_plan(), seed=3)
+    b.step(ds.batch(0))
+    before = all_tables(b)
+    last = b.setup.plan.tables[-1].name
+    shutil.rmtree(os.path.join(path, "tables", last))
+    with pytest.raises(Exception, match=last):
+        b.restore(str(tmp_path))
+    after = all_tables(b)  # every buffer is still alive and unchanged
+    for name in before:
+        np.testing.assert_array_equal(after[name]["table"], before[name]["table"])
+    assert np.isfinite(b.step(ds.batch(1)).loss)
+
+
+def test_import_table_returns_a_new_state(tmp_path):
+    a = trainer(mixed_plan())
+    old = all_tables(a)["rw"]["table"]
+    np.save(tmp_path / "ones.npy", np.ones_like(old))
+    new_state = ckpt.import_table(a.setup, a.state, "rw", str(tmp_path / "ones.npy"))
+    np.testing.assert_array_equal(all_tables(a)["rw"]["table"], old)  # the given state
+    a.state = new_state
+    np.testing.assert_array_equal(all_tables(a)["rw"]["table"], np.ones_like(old))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.plan import Plan, PlanError, TablePlan, Topology
 from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
 from embark_jax.data.sparse import SparseFeatures
@@ -38,6 +39,7 @@ FEATURES = [
     FeatureConfig(name="f_ub_seq", table="ub", max_hotness=3, combiner="none"),
     FeatureConfig(name="f_ubc", table="ubc", max_hotness=2, combiner="mean"),
 ]
+CONFIG = EmbeddingConfig.create(TABLES, FEATURES)
 
 
 def mixed_plan(num_nodes=1):
@@ -86,7 +88,7 @@ def make_batch(seed=0, zipf=True):
 @pytest.fixture(scope="module", params=[1, 2], ids=["1x8", "2x4"])
 def coll(request):
     plan = mixed_plan(num_nodes=request.param)
-    return EmbeddingCollection(TABLES, FEATURES, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
+    return EmbeddingCollection(CONFIG, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
 
 
 def test_forward_matches_reference(coll):
@@ -112,14 +114,18 @@ def test_forward_matches_reference(coll):
 def test_apply_gradients_matches_reference(opt, dp_grads):
     plan = mixed_plan(num_nodes=2)
     coll = EmbeddingCollection(
-        TABLES, FEATURES, plan, plan.make_mesh(), rngs=nnx.Rngs(1), dp_gradients=dp_grads
+        CONFIG,
+        plan,
+        plan.make_mesh(),
+        rngs=nnx.Rngs(1),
+        optimizer=opt,
+        options=RuntimeOptions(dp_gradients=dp_grads),
     )
     batch = make_batch(2)
     before = coll.full_tables()
     rng = np.random.default_rng(3)
     res = coll.lookup(coll.shard_batch(batch))
     grads = {k: jnp.asarray(rng.normal(size=v.shape), jnp.float32) for k, v in res.outputs.items()}
-    coll.init_optimizer(opt)
     coll.apply_gradients(res, grads, batch)
     want, _ = collection_ref.update(coll.config, before, batch, grads, opt)
     got = coll.full_tables()
@@ -183,7 +189,9 @@ def test_overflow_is_counted_and_strict_mode_raises(cluster):
             TablePlan(name="tw", cluster=cluster, row_shards=1, column_shards=1, devices=((1,),)),
         ),
     )
-    coll = EmbeddingCollection(tables, features, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
+    coll = EmbeddingCollection(
+        EmbeddingConfig.create(tables, features), plan, plan.make_mesh(), rngs=nnx.Rngs(0)
+    )
     rng = np.random.default_rng(0)
     batch = SparseFeatures.from_dense(
         {"f": rng.integers(0, 64, size=(B, 8)), "g": rng.integers(0, 9, size=(B, 2))}
@@ -194,9 +202,15 @@ def test_overflow_is_counted_and_strict_mode_raises(cluster):
     # what did fit is still looked up correctly: outputs are finite, the tw feature exact
     want = collection_ref.forward(coll.config, coll.full_tables(), batch)
     np.testing.assert_allclose(np.asarray(res.outputs["g"]), want["g"], rtol=1e-5, atol=1e-5)
-    coll.strict = True
+    strict = EmbeddingCollection(
+        EmbeddingConfig.create(tables, features),
+        plan,
+        plan.make_mesh(),
+        rngs=nnx.Rngs(0),
+        options=RuntimeOptions(overflow="error"),
+    )
     with pytest.raises(CapacityOverflowError, match="'rw'"):
-        coll.lookup(coll.shard_batch(batch))
+        strict.lookup(strict.shard_batch(batch))
 
 
 def test_plan_json_round_trip_and_validation():
@@ -219,15 +233,11 @@ def test_plan_json_round_trip_and_validation():
     bad["tables"][3]["column_shards"] = 3
     bad["tables"][3]["devices"] = [[1], [5], [6]]
     with pytest.raises(PlanError, match="table 'cw': column_shards 3 does not divide dim 16"):
-        EmbeddingCollection(
-            TABLES, FEATURES, Plan.from_dict(bad), plan.make_mesh(), rngs=nnx.Rngs(0)
-        )
+        EmbeddingCollection(CONFIG, Plan.from_dict(bad), plan.make_mesh(), rngs=nnx.Rngs(0))
     bad = plan.to_dict()
     bad["tables"][5]["cluster"] = "rb"
     with pytest.raises(PlanError, match="feature 'f_ub_seq' has combiner 'none'"):
-        EmbeddingCollection(
-            TABLES, FEATURES, Plan.from_dict(bad), plan.make_mesh(), rngs=nnx.Rngs(0)
-        )
+        EmbeddingCollection(CONFIG, Plan.from_dict(bad), plan.make_mesh(), rngs=nnx.Rngs(0))
     with pytest.raises(PlanError, match="batch_size 12 must be a positive multiple of the 8"):
         Plan(topology=plan.topology, batch_size=12, tables=plan.tables)
 
@@ -256,11 +266,13 @@ def test_capacities_derived_from_observed_batches_remove_overflow():
     batch = SparseFeatures.from_dense(
         {"f": (rng.zipf(1.5, size=(B, 8)) - 1) % 64 * 4}
     )  # id % 4 == 0
-    coll = EmbeddingCollection(tables, features, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
+    coll = EmbeddingCollection(
+        EmbeddingConfig.create(tables, features), plan, plan.make_mesh(), rngs=nnx.Rngs(0)
+    )
     assert int(coll.lookup(coll.shard_batch(batch)).overflow["rw"]) > 0
     tuned = derive_capacities(plan, config, [batch])
     assert tuned.table("rw").capacity_factor >= 4.0  # every id goes to row shard 0
-    coll = EmbeddingCollection(tables, features, tuned, tuned.make_mesh(), rngs=nnx.Rngs(0))
+    coll = EmbeddingCollection(config, tuned, tuned.make_mesh(), rngs=nnx.Rngs(0))
     res = coll.lookup(coll.shard_batch(batch))
     assert int(res.overflow["rw"]) == 0
     want = collection_ref.forward(config, coll.full_tables(), batch)

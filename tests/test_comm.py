@@ -5,6 +5,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.plan import Plan, TablePlan, Topology
 from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
 from embark_jax.data.sparse import SparseFeatures
@@ -72,7 +73,8 @@ def test_rb_moves_fewer_bytes_than_routing_every_vector_on_hotness_32():
     res = {}
     for cluster in ("rb", "ub"):
         tables, features, plan = one_table(cluster, 100_000, 32)
-        coll = EmbeddingCollection(tables, features, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
+        config = EmbeddingConfig.create(tables, features)
+        coll = EmbeddingCollection(config, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
         res[cluster] = sum(float_bytes(coll, batch)[0].values())
     # RB returns one partial vector per (sample, row shard); UB one per unique id (~32/sample)
     assert res["rb"] * 4 < res["ub"], res
@@ -91,7 +93,8 @@ def test_ub_moves_fewer_bytes_than_rb_on_skewed_one_hot():
         )
         config = EmbeddingConfig.create(tables, features)
         plan = derive_capacities(plan, config, batches)  # UB: unique capacity from the data
-        coll = EmbeddingCollection(tables, features, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
+        config = EmbeddingConfig.create(tables, features)
+        coll = EmbeddingCollection(config, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
         res[cluster] = sum(float_bytes(coll, batches[0])[0].values())
         assert all(int(v) == 0 for v in coll.lookup(coll.shard_batch(batches[0])).overflow.values())
     assert res["ub"] < res["rb"], res
@@ -105,7 +108,11 @@ def test_hierarchical_rb_cuts_inter_node_bytes():
     links = {}
     for hier in (False, True):
         coll = EmbeddingCollection(
-            tables, features, plan, plan.make_mesh(), rngs=nnx.Rngs(0), hierarchical=hier
+            EmbeddingConfig.create(tables, features),
+            plan,
+            plan.make_mesh(),
+            rngs=nnx.Rngs(0),
+            options=RuntimeOptions(hierarchical=hier),
         )
         by_axis, links[hier] = float_bytes(coll, batch)
         # unweighted: only embedding vectors are floats, and they take the hierarchical path

@@ -9,14 +9,17 @@ import numpy as np
 import optax
 import pytest
 
+from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.plan import Plan, TablePlan, Topology
 from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
 from embark_jax.data.synthetic import SyntheticDataset
 from embark_jax.ops import optimizers as O
 from embark_jax.sharding.collection import CapacityOverflowError
 from embark_jax.training import checkpoint as ckpt
+from embark_jax.training.loop import CheckpointEvery, fit
 from embark_jax.training.models import DenseConfig
-from embark_jax.training.trainer import NonFiniteLossError, Trainer
+from embark_jax.training.runner import NonFiniteLossError, StepRunner
+from embark_jax.training.state import create
 from tests.test_train_cli import SMALL, run
 
 CFG = EmbeddingConfig.create(
@@ -45,40 +48,46 @@ def make(policy="count", factor=None):
             TablePlan(name="tw", cluster="rb", row_shards=1, column_shards=1, devices=((1,),)),
         ),
     )
-    return Trainer(
+    setup, state = create(
         CFG,
         plan,
         dense=DENSE,
         sparse_optimizer=O.SGD(learning_rate=0.1),
         dense_optimizer=optax.sgd(0.1),
-        overflow_policy=policy,
+        options=RuntimeOptions(overflow=policy),
     )
+    return StepRunner(setup), state
 
 
 def test_nan_loss_names_the_step_and_last_checkpoint(tmp_path):
-    tr = make()
+    runner, state = make()
     ds = SyntheticDataset(CFG, batch_size=32, seed=0)
-    tr.fit(ds, 2, out=None, checkpoint_dir=str(tmp_path), save_every=1)
+    saver = CheckpointEvery(str(tmp_path), runner, every=1, last_step=2)
+    state, _ = fit(runner, state, ds, 2, callbacks=[saver])
     # a diverged model (as after a bad update): the next loss is NaN
-    tr.state["dense"] = jax.tree.map(lambda x: x * np.float32(np.nan), tr.state["dense"])
+    nan = jax.tree.map(lambda x: x * np.float32(np.nan), state.dense_params)
+    state = state.replace(dense_params=nan)
     with pytest.raises(NonFiniteLossError, match=r"at step 3; last good checkpoint: .+") as e:
-        tr.step(ds.batch(2))
+        fit(runner, state, ds, 1, start=2, callbacks=[saver])
     assert str(tmp_path) in str(e.value)
     assert ckpt.latest_step(str(tmp_path)) == 2
 
 
 def test_overflow_policies():
     ds = SyntheticDataset(CFG, batch_size=32, seed=1, alpha=0.0)  # uniform ids: no luck
-    counted = make("count", factor=0.2)
-    r = counted.step(ds.batch(0))
-    assert r["overflow"]["rw"] > 0 and counted.overflow_total["rw"] == r["overflow"]["rw"]
+    counted, state = make("count", factor=0.2)
+    state, summary = fit(counted, state, ds, 1)
+    assert summary.overflow["rw"] > 0 and summary.overflow["tw"] == 0
+    erring, state = make("error", factor=0.2)
     with pytest.raises(CapacityOverflowError, match="'rw'"):
-        make("error", factor=0.2).step(ds.batch(0))
-    grow = make("grow", factor=0.2)
-    first = grow.step(ds.batch(0))["overflow"]["rw"]
-    later = [grow.step(ds.batch(i))["overflow"]["rw"] for i in range(1, 6)]
-    assert first > 0 and later[-1] == 0
-    assert grow.plan.table("rw").capacity_factor > 0.2  # grew, and the step recompiled
+        erring.step(state, ds.batch(0))
+    grow, state = make("grow", factor=0.2)
+    overflow = []
+    for i in range(6):
+        state, r = grow.step(state, ds.batch(i))
+        overflow.append(r.overflow["rw"])
+    assert overflow[0] > 0 and overflow[-1] == 0
+    assert grow.setup.plan.table("rw").capacity_factor > 0.2  # grew, and the step recompiled
 
 
 @pytest.mark.slow
@@ -98,9 +107,10 @@ def test_killed_process_ends_the_run_in_bounded_time():
             "--steps",
             "6",
             *SMALL,
+            "--debug-exit-at",
+            "1:2",
         ],
         timeout=240,
-        EMBARK_FAULT_EXIT="1:2",
     )
     elapsed = time.monotonic() - t0
     assert r.returncode != 0

@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 
 from embark_jax.core.plan import Plan, TablePlan, Topology
 from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.data.batch import Batch
 from embark_jax.data.sparse import SparseFeatures
-from embark_jax.data.synthetic import Batch, SyntheticDataset
+from embark_jax.data.synthetic import SyntheticDataset
 from embark_jax.ops import optimizers as O
 from embark_jax.training.models import DenseConfig
-from embark_jax.training.trainer import Trainer
+from embark_jax.training.runner import StepRunner
+from embark_jax.training.state import create
 
 CFG = EmbeddingConfig.create(
     [TableConfig(name="t", vocab_size=50, dim=4), TableConfig(name="u", vocab_size=9, dim=4)],
@@ -103,13 +105,14 @@ def trainer():
             TablePlan(name="u", cluster="ub", row_shards=1, column_shards=1, devices=((2,),)),
         ),
     )
-    return Trainer(
+    setup, state = create(
         CFG,
         plan,
         dense=DenseConfig(kind="dcnv2", bottom=(4,), top=(4, 1), cross_layers=1, cross_rank=2),
         sparse_optimizer=O.Adagrad(learning_rate=0.1),
         dense_optimizer=optax.sgd(0.1),
     )
+    return {"runner": StepRunner(setup), "state": state}
 
 
 MUTATIONS = [
@@ -164,12 +167,13 @@ def mutate(base: Batch, kind: str, rng) -> Batch:
 
 
 def _checksum(tr):
-    return [float(np.asarray(x).sum()) for x in jax.tree.leaves(tr.state["emb"])]
+    return [float(np.asarray(x).sum()) for x in jax.tree.leaves(tr["state"].tables)]
 
 
 def test_fuzz_training_step_inputs(trainer, capsys):
     ds = SyntheticDataset(CFG, batch_size=16, seed=0)
-    trainer.step(ds.batch(0))  # compile once
+    runner = trainer["runner"]
+    trainer["state"], _ = runner.step(trainer["state"], ds.batch(0))  # compile once
 
     @settings(
         max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
@@ -180,14 +184,14 @@ def test_fuzz_training_step_inputs(trainer, capsys):
         batch = mutate(ds.batch(1 + seed % 50), kind, np.random.default_rng(seed))
         before = _checksum(trainer)
         try:
-            r = trainer.step(batch)
+            trainer["state"], r = runner.step(trainer["state"], batch)
         except ValueError as e:
             assert kind != "none" and str(e)
             assert _checksum(trainer) == before  # a rejected batch changes nothing
             STATS["step"][2] += 1
             return
         assert kind == "none", f"malformed batch ({kind}) was accepted"
-        assert np.isfinite(r["loss"])
+        assert np.isfinite(r.loss)
         STATS["step"][1] += 1
 
     run()
@@ -197,4 +201,4 @@ def test_fuzz_training_step_inputs(trainer, capsys):
             f"\nfuzz Trainer.step inputs: {tried} cases, {ok} trained, {rejected} rejected "
             "with ValueError, 0 failures, 0 tables corrupted"
         )
-    assert rejected > 0 and trainer.num_compilations() == 1
+    assert rejected > 0 and runner.num_compilations() == 1

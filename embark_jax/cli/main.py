@@ -16,8 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the metrics JSON here")
     sub.add_parser("info", help="print the native build and the registered FFI targets")
-    from embark_jax.cli import train as train_cli
     from embark_jax.cli import plan as planner_cli
+    from embark_jax.cli import train as train_cli
 
     train_cli.add_train_args(sub.add_parser("train", help="the main job: train a DLRM"))
     lp = sub.add_parser("launch", help="run a command in several local processes")

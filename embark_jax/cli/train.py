@@ -62,6 +62,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         "device count) and continue from its data position",
     )
     p.add_argument("--overflow-policy", default="count", choices=("count", "error", "grow"))
+    # fault injection for the multi-process tests: process P exits (code 3) before batch S
+    p.add_argument("--debug-exit-at", default=None, metavar="P:S", help=argparse.SUPPRESS)
     p.add_argument(
         "--async-checkpoint",
         action="store_true",
@@ -81,15 +83,17 @@ def _sparse_optimizer(name: str, lr: float):
 
 
 def _model_spec(args):
+    """The preset, capped as asked, priced with the sparse optimizer that will train it."""
     from embark_jax.planner import load_preset
 
     spec = load_preset(args.model)
+    footprint = _sparse_optimizer(args.optimizer, args.lr).slot_footprint
     tables = []
     for t in spec.tables:
         v = min(t.vocab_size, args.max_vocab) if args.max_vocab else t.vocab_size
         h = min(t.hotness, args.max_hotness) if args.max_hotness else t.hotness
         tables.append(dataclasses.replace(t, vocab_size=v, hotness=h))
-    return dataclasses.replace(spec, tables=tuple(tables))
+    return dataclasses.replace(spec, tables=tuple(tables), slot_footprint=footprint)
 
 
 def _broadcast_text(text: str) -> str:
@@ -104,43 +108,42 @@ def _broadcast_text(text: str) -> str:
     return bytes(np.asarray(multihost_utils.broadcast_one_to_all(buf))).decode()
 
 
-def run_train(args) -> int:
-    from embark_jax.training.distributed import initialize_from_env
+def _choose_plan(args, spec, hw):
+    from embark_jax.core.plan import Plan
+    from embark_jax.planner import baseline, evaluate, plan
 
-    multi = initialize_from_env(default_cpu_devices=args.devices)
+    if args.plan:
+        return evaluate(spec, Plan.from_json(args.plan), hw)
+    if args.baseline:
+        return baseline(spec, args.batch_size, hw, args.baseline)
+    return plan(spec, args.batch_size, hw)
+
+
+def _agree_on_plan(ev, spec, hw):
+    """Every process must run the same plan: process 0's (each host may calibrate
+    differently) is broadcast to the others."""
     import jax
-    import optax
 
     from embark_jax.core.plan import Plan
-    from embark_jax.data.synthetic import SyntheticDataset
-    from embark_jax.planner import baseline, evaluate, get_hardware, plan, report
-    from embark_jax.training.models import DenseConfig
-    from embark_jax.training.trainer import Trainer
+    from embark_jax.planner import evaluate
 
-    lead = jax.process_index() == 0
-    say = print if lead else (lambda *a, **k: None)
-    g = len(jax.devices())
-    if g % args.nodes:
-        say(f"error: {g} devices do not split into {args.nodes} nodes")
-        return 2
-    spec = _model_spec(args)
-    config = spec.embedding_config()
-    topology = args.topology or ("h200" if jax.default_backend() == "gpu" else "local")
-    hw = get_hardware(topology, args.nodes, g // args.nodes)
-    if args.plan:
-        plan_ = Plan.from_json(args.plan)
-        ev = evaluate(spec, plan_, hw)
-    elif args.baseline:
-        ev = baseline(spec, args.batch_size, hw, args.baseline)
-    else:
-        ev = plan(spec, args.batch_size, hw)
-    if jax.process_count() > 1:
-        # every process must run the same plan: process 0's (each host may calibrate
-        # differently) is broadcast to the others
-        agreed = _broadcast_text(ev.plan.to_json(indent=None))
-        if agreed != ev.plan.to_json(indent=None):
-            ev = evaluate(spec, Plan.from_json(agreed), hw)
-    say(report.summary(ev, max_tables=12, max_devices=8))
+    if jax.process_count() == 1:
+        return ev
+    agreed = _broadcast_text(ev.plan.to_json(indent=None))
+    if agreed != ev.plan.to_json(indent=None):
+        ev = evaluate(spec, Plan.from_json(agreed), hw)
+    return ev
+
+
+def _build(args, config, plan):
+    """The setup, initial state and step runner for the chosen plan."""
+    import optax
+
+    from embark_jax.core.options import RuntimeOptions
+    from embark_jax.training import state as train_state
+    from embark_jax.training.models import DenseConfig
+    from embark_jax.training.runner import StepRunner
+
     dense = (
         DenseConfig.mini(args.model_kind)
         if args.dense_net == "mini"
@@ -148,51 +151,102 @@ def run_train(args) -> int:
     )
     if args.mixed_precision:
         dense = dataclasses.replace(dense, dtype="bfloat16")
-    trainer = Trainer(
+    options = RuntimeOptions(
+        comm_dtype="bfloat16" if args.mixed_precision else "table",
+        overflow=args.overflow_policy,
+    )
+    setup, state = train_state.create(
         config,
-        ev.plan,
+        plan,
         dense=dense,
         sparse_optimizer=_sparse_optimizer(args.optimizer, args.lr),
         dense_optimizer=optax.adam(args.dense_lr),
         seed=args.seed,
-        comm_dtype="bfloat16" if args.mixed_precision else None,
-        overflow_policy=args.overflow_policy,
+        options=options,
     )
-    ds = SyntheticDataset(config, batch_size=args.batch_size, seed=args.seed)
-    start = 0
-    if args.resume:
-        from embark_jax.training import checkpoint
+    return StepRunner(setup), state
 
-        if not args.checkpoint_dir:
-            say("error: --resume needs --checkpoint-dir")
-            return 2
-        if checkpoint.latest_step(args.checkpoint_dir) is None:
-            say(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
-        else:
-            meta = checkpoint.restore(args.checkpoint_dir, trainer)
-            start = meta["data_position"]
-            say(
-                f"resumed from {meta['path']} (step {meta['step']}, saved with "
-                f"{meta['plan'].topology.num_devices} devices); continuing at batch {start}"
+
+def _maybe_resume(args, runner, state, say):
+    """The restored state and data position, or the given ones when not resuming."""
+    from embark_jax.training import checkpoint
+
+    if not args.resume:
+        return state, 0
+    if checkpoint.latest_step(args.checkpoint_dir) is None:
+        say(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
+        return state, 0
+    state, meta = checkpoint.restore(args.checkpoint_dir, runner.setup)
+    start = meta["data_position"]
+    say(
+        f"resumed from {meta['path']} (step {meta['step']}, saved with "
+        f"{meta['plan'].topology.num_devices} devices); continuing at batch {start}"
+    )
+    return state, start
+
+
+def _callbacks(args, runner, start, lead):
+
+    from embark_jax.training.loop import CheckpointEvery, ExitAtStep, Progress
+
+    cbs = []
+    if args.debug_exit_at:
+        proc, at = (int(x) for x in args.debug_exit_at.split(":"))
+        cbs.append(ExitAtStep(proc, at))
+    if lead:
+        cbs.append(Progress(args.steps, args.batch_size, start, args.log_every, sys.stdout))
+    if args.checkpoint_dir:
+        import jax
+
+        cbs.append(
+            CheckpointEvery(
+                args.checkpoint_dir,
+                runner,
+                args.save_every or args.steps,
+                start + args.steps,
+                async_save=args.async_checkpoint and jax.process_count() == 1,
             )
+        )
+    return cbs
+
+
+def run_train(args) -> int:
+    from embark_jax.training.distributed import initialize_from_env
+
+    multi = initialize_from_env(default_cpu_devices=args.devices)
+    import jax
+
+    from embark_jax.data.synthetic import SyntheticDataset
+    from embark_jax.planner import get_hardware, report
+    from embark_jax.training.loop import fit
+
+    lead = jax.process_index() == 0
+    say = print if lead else (lambda *a, **k: None)
+    g = len(jax.devices())
+    if g % args.nodes:
+        say(f"error: {g} devices do not split into {args.nodes} nodes")
+        return 2
+    if args.resume and not args.checkpoint_dir:
+        say("error: --resume needs --checkpoint-dir")
+        return 2
+    spec = _model_spec(args)
+    config = spec.embedding_config()
+    topology = args.topology or ("h200" if jax.default_backend() == "gpu" else "local")
+    hw = get_hardware(topology, args.nodes, g // args.nodes)
+    ev = _agree_on_plan(_choose_plan(args, spec, hw), spec, hw)
+    say(report.summary(ev, max_tables=12, max_devices=8))
+    runner, state = _build(args, config, ev.plan)
+    ds = SyntheticDataset(config, batch_size=args.batch_size, seed=args.seed)
+    state, start = _maybe_resume(args, runner, state, say)
     say(
         f"training {args.steps} steps, global batch {args.batch_size}, {g} devices on "
         f"{jax.process_count()} process(es), sparse {args.optimizer} lr {args.lr}"
     )
     t0 = time.perf_counter()
-    save_every = args.save_every or (args.steps if args.checkpoint_dir else 0)
-    summary = trainer.fit(
-        ds,
-        args.steps,
-        start=start,
-        log_every=args.log_every,
-        out=sys.stdout if lead else None,
-        checkpoint_dir=args.checkpoint_dir,
-        save_every=save_every,
-        async_save=args.async_checkpoint and jax.process_count() == 1,
-    )
-    ev_metrics = trainer.evaluate([ds.batch(10**7 + i) for i in range(args.eval_batches)])
-    comm_bytes = trainer.comm_bytes_per_step(ds.batch(0))
+    callbacks = _callbacks(args, runner, start, lead)
+    state, summary = fit(runner, state, ds, args.steps, start=start, callbacks=callbacks)
+    ev_metrics = runner.evaluate(state, [ds.batch(10**7 + i) for i in range(args.eval_batches)])
+    comm_bytes = runner.comm_bytes_per_step(state, ds.batch(0))
     result = {
         "model": args.model,
         "devices": g,
@@ -204,24 +258,28 @@ def run_train(args) -> int:
         "optimizer": args.optimizer,
         "eval_auc": ev_metrics["auc"],
         "eval_logloss": ev_metrics["logloss"],
-        "train_auc": summary["train_auc"],
-        "train_logloss": summary["train_logloss"],
-        "samples_per_s": summary["samples_per_s"],
+        "train_auc": summary.train_auc,
+        "train_logloss": summary.train_logloss,
+        "samples_per_s": summary.samples_per_s,
         "wall_s": time.perf_counter() - t0,
-        "overflow": trainer.overflow_total,
+        "overflow": summary.overflow,
         "comm_bytes_per_step": comm_bytes,
         "predicted_step_ms": ev.step_s * 1e3,
-        "losses": summary["losses"],
+        "losses": summary.losses,
     }
-    say(
-        f"\neval logloss {result['eval_logloss']:.4f}  eval AUC {result['eval_auc']:.4f}  "
-        f"train AUC {result['train_auc']:.4f}  throughput {result['samples_per_s']:.0f} "
-        f"samples/s  overflow {sum(trainer.overflow_total.values())} ids  collectives "
-        f"{comm_bytes['total'] / 1e6:.2f} MB/step per device"
-    )
+    _report(result, say)
     if lead and args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=1)
         say(f"wrote {args.out}")
     return 0
+
+
+def _report(result, say) -> None:
+    say(
+        f"\neval logloss {result['eval_logloss']:.4f}  eval AUC {result['eval_auc']:.4f}  "
+        f"train AUC {result['train_auc']:.4f}  throughput {result['samples_per_s']:.0f} "
+        f"samples/s  overflow {sum(result['overflow'].values())} ids  collectives "
+        f"{result['comm_bytes_per_step']['total'] / 1e6:.2f} MB/step per device"
+    )

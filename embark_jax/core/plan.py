@@ -15,7 +15,7 @@ JSON format (`Plan.to_json` / `Plan.from_json`):
                  "devices": [[0, 1], [2, 3]]}]}
 
 Optional per table: `"capacity_factor"` (routing buffer size as a multiple of the expected
-per-destination load, see `embark_jax.sharding.routing`) and `"unique_capacity"` (UB dedup slots).
+per-destination load, see `embark_jax.sharding.capacity`) and `"unique_capacity"` (UB dedup slots).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class PlanError(ValueError):
 
 
 class Cluster(enum.Enum):
-    """How a table's lookups communicate (DESIGN.md §3)."""
+    """How a table's lookups communicate (docs/design.md §3)."""
 
     DP = "dp"  # replicated, local lookups, gradients gathered
     RB = "rb"  # reduction-based: owners pool, partial vectors are summed

@@ -15,25 +15,16 @@ from any step.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterator, Mapping
 
 import numpy as np
 
 from embark_jax.core.specs import EmbeddingConfig
+from embark_jax.data.batch import Batch
 from embark_jax.data.sparse import PAD, SparseFeatures
 
-__all__ = ["Batch", "SyntheticDataset", "zipf_ranks"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Batch:
-    """One batch: sparse features, dense features `[B, num_dense]` and labels `[B]` (0/1)."""
-
-    sparse: SparseFeatures
-    dense: np.ndarray
-    labels: np.ndarray
+__all__ = ["SyntheticDataset", "zipf_ranks"]
 
 
 def zipf_ranks(rng: np.random.Generator, alpha: float, vocab: int, size) -> np.ndarray:

@@ -3,7 +3,7 @@ core (`lookup`, `apply_gradients`) that runs each cluster under `jax.shard_map`.
 
 Inputs are the global batch as `SparseFeatures` (sharded over the mesh by sample); outputs
 are per-feature `[B, dim]` (pooled) or `[B, max_hotness, dim]` (`none`) arrays sharded the
-same way. Training is two-phase (DESIGN.md §8): `lookup` also returns routing residuals, the
+same way. Training is two-phase (docs/design.md §8): `lookup` also returns routing residuals, the
 dense model produces gradients for the outputs, and `apply_gradients` routes them to the
 owners and applies the fused sparse optimizer. Plain `jax.grad` through `lookup_fn` works too.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.plan import Plan
-from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import SparseFeatures
 from embark_jax.ops.optimizers import SparseOptimizer
 from embark_jax.sharding.clusters import CLUSTERS, ClusterBase
@@ -35,7 +35,9 @@ __all__ = [
     "EmbeddingOptState",
     "EmbeddingTable",
     "apply_gradients_fn",
+    "check_overflow",
     "lookup_fn",
+    "per_table_optimizers",
 ]
 
 
@@ -182,57 +184,65 @@ class LookupResult:
     overflow: dict[str, jax.Array]
 
 
+def check_overflow(counts: Mapping[str, Any]) -> None:
+    """Raises `CapacityOverflowError` if any table dropped ids (concrete counts only)."""
+    if any(isinstance(v, jax.core.Tracer) for v in counts.values()):
+        return
+    bad = {k: int(v) for k, v in counts.items() if int(v) > 0}
+    if bad:
+        raise CapacityOverflowError(
+            f"ids overflowed routing/dedup capacities (ids dropped per table): {bad}; raise "
+            "the tables' capacity_factor / unique_capacity (see embark_jax.sharding.capacity)"
+        )
+
+
 class EmbeddingCollection(nnx.Module):
     """Embedding tables sharded by a `Plan` over a mesh, looked up as clusters.
 
+    The NNX entry point for interactive use: it holds the stacked buffers and optimizer
+    slots as NNX variables and runs the same functional core (`lookup_fn`,
+    `apply_gradients_fn`) that training uses on a `TrainState`.
+
     Arguments:
-      tables, features: the `TableConfig`s and `FeatureConfig`s.
+      config: the tables and the features that look them up (`EmbeddingConfig`).
       plan: where every shard lives (`embark_jax.core.plan.Plan`).
       mesh: from `plan.make_mesh()`; a `("node", "local")` mesh enables hierarchical RB.
       rngs: `nnx.Rngs` for the table initialisers.
-      hierarchical: hierarchical RB on a 2-D mesh (default True).
-      capacity_factor: default routing capacity factor for row-sharded tables.
-      strict: raise `CapacityOverflowError` when ids overflow a capacity (checked whenever
-        the counts are concrete, i.e. outside `jax.jit`; inside, call `check_overflow`).
-      optimizer: one `SparseOptimizer` for every table, or a mapping table -> optimizer
-        (optional; `init_optimizer` / `apply_gradients(optimizer=...)` set one later).
-      comm_dtype: dtype of embedding vectors on the wire (e.g. "bfloat16"); default: f32.
-      dp_gradients: how DP tables exchange gradients, "dense", "sparse" or "auto".
+      optimizer: one `SparseOptimizer` for every table, or a mapping table -> optimizer;
+        None: lookups only (`apply_gradients` then raises). Fixed at construction;
+        `reset_optimizer` replaces it explicitly (and re-initialises the slots).
+      options: `RuntimeOptions` (hierarchical RB, capacity factor, communication dtype,
+        DP gradient exchange, overflow policy: with `overflow="error"`, a lookup whose ids
+        overflow a capacity raises `CapacityOverflowError` when the counts are concrete,
+        i.e. outside `jax.jit`; inside, call `check_overflow`).
     """
 
     def __init__(
         self,
-        tables: Sequence[TableConfig],
-        features: Sequence[FeatureConfig],
+        config: EmbeddingConfig,
         plan: Plan,
         mesh: jax.sharding.Mesh,
         *,
         rngs: nnx.Rngs,
-        hierarchical: bool = True,
-        capacity_factor: float | None = None,
-        strict: bool = False,
         optimizer: SparseOptimizer | Mapping[str, SparseOptimizer] | None = None,
-        comm_dtype: str | None = None,
-        dp_gradients: str = "auto",
+        options: RuntimeOptions | None = None,
     ):
-        self.config = EmbeddingConfig.create(tables, features)
-        per_table = optimizer if isinstance(optimizer, Mapping) else None
-        self.lowered = lower(plan, self.config, per_table)
-        self.mesh = mesh
-        self.options = RuntimeOptions(
-            hierarchical=hierarchical,
-            capacity_factor=capacity_factor,
-            comm_dtype=comm_dtype,
-            dp_gradients=dp_gradients,
-        )
-        self.strict = strict
+        if not isinstance(config, EmbeddingConfig):
+            raise TypeError(
+                "EmbeddingCollection takes an EmbeddingConfig: "
+                "EmbeddingConfig.create(tables, features)"
+            )
         if tuple(mesh.axis_names) != plan.axis_names:
             raise ValueError(
                 f"mesh axes {mesh.axis_names} != plan axes {plan.axis_names}; "
                 "build the mesh with plan.make_mesh()"
             )
-        key = rngs.params()
+        self.config = config
+        self.mesh = mesh
+        self.options = options or RuntimeOptions()
+        self.lowered = lower(plan, config, per_table_optimizers(config, optimizer))
         sharding = self.lowered.sharding(mesh)
+        key = rngs.params()
         self.buffers = nnx.Dict(
             {
                 g.name: EmbeddingTable(self.lowered.init_buffer(g, key, sharding))
@@ -240,11 +250,8 @@ class EmbeddingCollection(nnx.Module):
             }
         )
         self.opt_state = nnx.Dict({})
-        self.optimizer: SparseOptimizer | None = None
-        if per_table is not None:
-            self._init_states({g.name: g.optimizer for g in self.lowered.groups})
-        elif optimizer is not None:
-            self.init_optimizer(optimizer)
+        if optimizer is not None:
+            self._init_states()
 
     # --- state -------------------------------------------------------------------------
 
@@ -253,32 +260,22 @@ class EmbeddingCollection(nnx.Module):
 
     @property
     def optimizers(self) -> dict[str, SparseOptimizer]:
-        """Group (buffer) name -> its sparse optimizer."""
-        return {
-            g.name: g.optimizer or self.optimizer
-            for g in self.lowered.groups
-            if (g.optimizer or self.optimizer) is not None
-        }
+        """Group (buffer) name -> its sparse optimizer (empty without one)."""
+        return {g.name: g.optimizer for g in self.lowered.groups if g.optimizer is not None}
 
-    def lowered_optimizers(self) -> dict[str, SparseOptimizer] | None:
-        """Table -> optimizer when the collection has per-table optimizers, else None."""
-        if all(g.optimizer is None for g in self.lowered.groups):
-            return None
-        return {t: g.optimizer for g in self.lowered.groups for t in g.tables}
+    def reset_optimizer(self, optimizer: SparseOptimizer | Mapping[str, SparseOptimizer]) -> None:
+        """Replaces the sparse optimizer(s) and starts their slots afresh (explicitly)."""
+        self.lowered = lower(
+            self.lowered.plan, self.config, per_table_optimizers(self.config, optimizer)
+        )
+        self._init_states()
 
-    def init_optimizer(self, optimizer: SparseOptimizer) -> None:
-        """One optimizer for every table: creates the slots of every buffer (sharded like
-        the buffers). Per-table optimizers are given to the constructor instead."""
-        if any(g.optimizer is not None for g in self.lowered.groups):
-            raise ValueError("this collection has per-table optimizers (set at construction)")
-        self.optimizer = optimizer
-        self._init_states({g.name: optimizer for g in self.lowered.groups})
-
-    def _init_states(self, optimizers: Mapping[str, SparseOptimizer]) -> None:
+    def _init_states(self) -> None:
         sharding = self.lowered.sharding(self.mesh)
-        for name, buf in self.buffers.items():
-            state = jax.jit(jax.vmap(optimizers[name].init))(buf.get_value())
-            self.opt_state[name] = EmbeddingOptState(jax.device_put(state, sharding))
+        for g in self.lowered.groups:
+            buf = self.buffers[g.name].get_value()
+            state = jax.jit(jax.vmap(g.optimizer.init))(buf)
+            self.opt_state[g.name] = EmbeddingOptState(jax.device_put(state, sharding))
 
     def state_values(self) -> dict[str, Any]:
         return {k: v.get_value() for k, v in self.opt_state.items()}
@@ -286,19 +283,6 @@ class EmbeddingCollection(nnx.Module):
     def full_tables(self) -> dict[str, np.ndarray]:
         """Table name -> numpy `[vocab_size, dim]`, gathered from the shards."""
         return self.lowered.unstack({k: np.asarray(v) for k, v in self.buffer_values().items()})
-
-    def load_tables(self, tables: Mapping[str, np.ndarray]) -> None:
-        """Replaces the contents of the given tables (e.g. pretrained embeddings)."""
-        full = self.full_tables()
-        for name, value in tables.items():
-            want = full[name].shape
-            if tuple(np.shape(value)) != want:
-                raise ValueError(f"table {name!r}: shape {np.shape(value)} != {want}")
-            full[name] = np.asarray(value)
-        for g in self.lowered.groups:
-            self.buffers[g.name].set_value(
-                jax.device_put(self.lowered.stack(full, g), self.lowered.sharding(self.mesh))
-            )
 
     # --- lookups -----------------------------------------------------------------------
 
@@ -313,41 +297,28 @@ class EmbeddingCollection(nnx.Module):
             self.buffer_values(), batch
         )
         counts = {t.name: overflow[i] for i, t in enumerate(self.lowered.plan.tables)}
-        if self.strict:
-            self.check_overflow(counts)
+        if self.options.strict:
+            check_overflow(counts)
         return LookupResult(outputs, residuals, counts)
 
     def __call__(self, batch: SparseFeatures) -> dict[str, jax.Array]:
         return self.lookup(batch).outputs
 
-    @staticmethod
-    def check_overflow(counts: Mapping[str, Any]) -> None:
-        """Raises `CapacityOverflowError` if any table dropped ids (concrete counts only)."""
-        if any(isinstance(v, jax.core.Tracer) for v in counts.values()):
-            return
-        bad = {k: int(v) for k, v in counts.items() if int(v) > 0}
-        if bad:
-            raise CapacityOverflowError(
-                f"ids overflowed routing/dedup capacities (ids dropped per table): {bad}; raise "
-                "the tables' capacity_factor / unique_capacity (see embark_jax.sharding.capacity)"
-            )
+    check_overflow = staticmethod(check_overflow)
 
     def apply_gradients(
         self,
         result: LookupResult,
         output_grads: Mapping[str, jax.Array],
         batch: SparseFeatures,
-        optimizer: SparseOptimizer | None = None,
     ) -> None:
         """Routes `output_grads` (per feature, shaped like the outputs) to the owners and
-        applies the fused sparse optimizer(s) in place. `optimizer` (one for all tables)
-        replaces the collection's and resets its slots when it differs."""
-        if optimizer is not None and (optimizer != self.optimizer or not self.opt_state):
-            self.init_optimizer(optimizer)
+        applies the fused sparse optimizer(s) in place."""
         opts = self.optimizers
         if len(opts) != len(self.lowered.groups):
             raise ValueError(
-                "no optimizer: pass one, call init_optimizer or give one at construction"
+                "this collection has no sparse optimizer: give one at construction "
+                "or call reset_optimizer"
             )
         new_b, new_s = _jit_apply(
             self.lowered, self.mesh, self.options, tuple(sorted(opts.items()))
@@ -355,3 +326,17 @@ class EmbeddingCollection(nnx.Module):
         for k in new_b:
             self.buffers[k].set_value(new_b[k])
             self.opt_state[k].set_value(new_s[k])
+
+
+def per_table_optimizers(
+    config: EmbeddingConfig, optimizer: SparseOptimizer | Mapping[str, SparseOptimizer] | None
+) -> dict[str, SparseOptimizer] | None:
+    """Table name -> optimizer (None: no optimizer)."""
+    if optimizer is None:
+        return None
+    if isinstance(optimizer, SparseOptimizer):
+        return {t.name: optimizer for t in config.tables}
+    missing = sorted(t.name for t in config.tables if t.name not in optimizer)
+    if missing:
+        raise ValueError(f"no sparse optimizer given for tables {missing}")
+    return {t.name: optimizer[t.name] for t in config.tables}

@@ -33,7 +33,8 @@ def bench_model(name, preset, max_vocab, max_hot, batch, steps, plans=("embark",
     from embark_jax.ops import optimizers as O
     from embark_jax.planner import baseline, get_hardware, load_preset, plan
     from embark_jax.training.models import DenseConfig
-    from embark_jax.training.trainer import Trainer
+    from embark_jax.training.runner import StepRunner
+    from embark_jax.training.state import create
 
     spec = load_preset(preset)
     spec = dataclasses.replace(
@@ -53,20 +54,21 @@ def bench_model(name, preset, max_vocab, max_hot, batch, steps, plans=("embark",
     rows = []
     for kind in plans:
         ev = plan(spec, batch, hw) if kind == "embark" else baseline(spec, batch, hw, kind)
-        tr = Trainer(
+        setup, state = create(
             config,
             ev.plan,
             dense=DenseConfig.mini(),
             sparse_optimizer=O.SGD(learning_rate=0.05),
             dense_optimizer=optax.adam(1e-3),
         )
-        tr.step(ds.batch(0))  # compile
+        runner = StepRunner(setup)
+        state, _ = runner.step(state, ds.batch(0))  # compile
         times = []
         for i in range(steps):
             t0 = time.perf_counter()
-            tr.step(ds.batch(1 + i))
+            state, _ = runner.step(state, ds.batch(1 + i))
             times.append(time.perf_counter() - t0)
-        cb = tr.comm_bytes_per_step(ds.batch(0))
+        cb = runner.comm_bytes_per_step(state, ds.batch(0))
         med = statistics.median(times)
         rows.append(
             {

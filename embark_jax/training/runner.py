@@ -1,0 +1,142 @@
+"""`StepRunner`: runs the compiled train step on host batches.
+
+It validates and places each batch, calls the jitted step, checks the loss, and applies the
+overflow policy. It holds the setup and the compiled step, never the training state: the
+caller passes a `TrainState` in and gets the new one back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from embark_jax.core.options import OverflowPolicy
+from embark_jax.data.batch import Batch
+from embark_jax.sharding import hlo_bytes
+from embark_jax.sharding.capacity import grow_capacities
+from embark_jax.sharding.collection import check_overflow
+from embark_jax.training.metrics import StreamingAUC
+from embark_jax.training.state import TrainSetup, TrainState, with_plan
+from embark_jax.training.step import compile_eval_step, compile_train_step
+
+__all__ = ["NonFiniteLossError", "StepResult", "StepRunner"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN or inf; the message names the step."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What one step reports, on the host: mean loss, predicted probabilities and labels of
+    the global batch, ids dropped per table (overflow) and the step number reached."""
+
+    loss: float
+    probs: np.ndarray
+    labels: np.ndarray
+    overflow: dict[str, int]
+    step: int
+
+
+class StepRunner:
+    """Host side of training: `state, result = runner.step(state, batch)`.
+
+    Arguments:
+      setup: the `TrainSetup`; its `options.overflow` is the overflow policy: `count`
+        (report the dropped ids), `error` (raise `CapacityOverflowError`) or `grow`
+        (count, double the overflowing tables' capacities and recompile: later steps fit;
+        the ids dropped in the overflowing step got no update).
+      validate_inputs: check every batch on the host before it reaches a device.
+    """
+
+    def __init__(self, setup: TrainSetup, *, validate_inputs: bool = True):
+        self.validate_inputs = validate_inputs
+        self._compile(setup)
+
+    def _compile(self, setup: TrainSetup) -> None:
+        self.setup = setup
+        self._step = compile_train_step(setup)
+        self._eval = compile_eval_step(setup)
+
+    # --- batches ---------------------------------------------------------------------
+
+    def put_batch(self, batch: Batch) -> Batch:
+        """Places a global host batch on the mesh; with several processes each one supplies
+        only its own rows (its devices' slice of the batch)."""
+        sharding = self.setup.table_sharding
+        if jax.process_count() == 1:
+            return jax.device_put(batch, sharding)
+        n, pid = jax.process_count(), jax.process_index()
+        rows = batch.batch_size // n
+        local = jax.tree.map(lambda x: np.asarray(x)[pid * rows : (pid + 1) * rows], batch)
+        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local)
+
+    def check_batch(self, batch: Batch) -> None:
+        """Host-side checks of a training batch; `ValueError` naming what is wrong."""
+        batch.validate(
+            self.setup.config,
+            num_devices=self.setup.plan.topology.num_devices,
+            num_dense=self.setup.num_dense,
+        )
+
+    @staticmethod
+    def _host(x) -> np.ndarray:
+        if jax.process_count() == 1:
+            return np.asarray(x)
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    # --- steps -----------------------------------------------------------------------
+
+    def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, StepResult]:
+        """One training step; the input state is donated (use the returned one)."""
+        if self.validate_inputs:
+            self.check_batch(batch)
+        state, out = self._step(state, self.put_batch(batch))
+        loss = float(out["loss"])
+        step = int(state.step)
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(f"loss is {loss} at step {step}")
+        names = [t.name for t in self.setup.plan.tables]
+        overflow = {n: int(v) for n, v in zip(names, np.asarray(out["overflow"]), strict=True)}
+        policy = self.setup.options.overflow
+        if policy is OverflowPolicy.ERROR:
+            check_overflow(overflow)
+        elif policy is OverflowPolicy.GROW and any(overflow.values()):
+            grown = [name for name, n in overflow.items() if n > 0]
+            plan = grow_capacities(self.setup.plan, grown, self.setup.options)
+            self._compile(with_plan(self.setup, plan))
+        probs = self._host(out["probs"])
+        return state, StepResult(loss, probs, np.asarray(batch.labels), overflow, step)
+
+    def evaluate(self, state: TrainState, batches: Iterable[Batch]) -> dict[str, float]:
+        """AUC and log loss of the model over `batches` (no update)."""
+        acc = StreamingAUC()
+        for b in batches:
+            acc.update(b.labels, self._host(self._eval(state, self.put_batch(b))))
+        return {"auc": acc.auc(), "logloss": acc.logloss()}
+
+    # --- introspection ---------------------------------------------------------------
+
+    def compiled_step(self, state: TrainState, batch: Batch):
+        return self._step.lower(state, self.put_batch(batch)).compile()
+
+    def comm_bytes_per_step(self, state: TrainState, batch: Batch) -> dict[str, Any]:
+        """Bytes of every collective in one compiled step, by kind and mesh axis."""
+        mesh = self.setup.mesh
+        mesh_shape = tuple(mesh.shape.values())
+        compiled = self.compiled_step(state, batch)
+        by_axis = hlo_bytes.collective_bytes(compiled, mesh_shape, mesh.axis_names)
+        return {
+            "by_kind_axis": {f"{k}/{a}": v for (k, a), v in sorted(by_axis.items())},
+            "total": int(sum(by_axis.values())),
+            "links": hlo_bytes.link_bytes(by_axis, mesh_shape),
+        }
+
+    def num_compilations(self) -> int:
+        return self._step._cache_size()
