@@ -1,4 +1,9 @@
-"""Thin `jax.ffi.ffi_call` wrappers around the native kernels (no autodiff here)."""
+"""Thin `jax.ffi.ffi_call` wrappers around the native kernels (no autodiff here).
+
+Target names and attribute ids come from the ABI mirror (`abi`). The native extension is
+loaded and its targets registered by the first wrapper called (`native.ensure_registered`),
+so importing `embark_jax.ops` stays cheap and never touches the native build.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from embark_jax.ops import native  # noqa: F401  (registers the targets)
+from embark_jax.ops import abi, native
 
 
 def result_type(like: jax.Array, shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:
@@ -55,42 +60,49 @@ def _dedup_workspace(ids):
     return _workspace(ids, _ffi_cuda.dedup_workspace_bytes(ids.shape[0], ids.dtype.itemsize))
 
 
+def _call(target: abi.Target, result_types, **kwargs):
+    """`jax.ffi.ffi_call` of an ABI target; registers the kernels first if no call has yet.
+
+    Registration must precede lowering, and every kernel call is traced through here, so
+    this is the one place that needs it (idempotent and cheap after the first call).
+    """
+    native.ensure_registered()
+    return jax.ffi.ffi_call(target.value, result_types, vmap_method="sequential", **kwargs)
+
+
 def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int) -> jax.Array:
     values2 = values.reshape(values.shape[0], -1)
-    out = jax.ffi.ffi_call(
-        "embark_segment_sum",
+    out = _call(
+        abi.Target.SEGMENT_SUM,
         result_type(values2, (num_segments, values2.shape[1]), values.dtype),
-        vmap_method="sequential",
     )(values2, segment_ids)
     return out.reshape((num_segments, *values.shape[1:]))
-
-
-COMBINER_IDS = {"sum": 0, "mean": 1, "sqrtn": 2, "none": 3}
 
 
 def lookup_pool(
     table, ids, segment_ids, weights, num_out: int, combiner: str, out_dtype, sorted_segments: bool
 ):
     d = table.shape[1]
-    ws = 4 * num_out * (1 if sorted_segments or combiner == "none" else 1 + d)
-    out, _ = jax.ffi.ffi_call(
-        "embark_lookup_pool",
+    combiner_id = abi.CombinerId[combiner.upper()]
+    atomic = not sorted_segments and combiner_id is not abi.CombinerId.NONE
+    ws = 4 * num_out * (1 + d if atomic else 1)  # the CUDA kernel's scratch (lookup_pool.cu)
+    out, _ = _call(
+        abi.Target.LOOKUP_POOL,
         (result_type(ids, (num_out, d), out_dtype), _workspace(ids, ws)),
-        vmap_method="sequential",
     )(
         table,
         ids,
         segment_ids,
         weights,
-        combiner=np.int64(COMBINER_IDS[combiner]),
+        combiner=np.int64(combiner_id),
         indices_are_sorted=np.int64(sorted_segments),
     )
     return out
 
 
 def unique(ids, capacity: int):
-    return jax.ffi.ffi_call(
-        "embark_unique",
+    return _call(
+        abi.Target.UNIQUE,
         (
             result_type(ids, (capacity,), ids.dtype),
             result_type(ids, ids.shape, jnp.int32),
@@ -98,41 +110,38 @@ def unique(ids, capacity: int):
             result_type(ids, (), jnp.int32),
             _dedup_workspace(ids),
         ),
-        vmap_method="sequential",
     )(ids)[:4]
 
 
 def sparse_grad(grads, ids, segment_ids, scale, capacity: int, per_id: bool):
-    return jax.ffi.ffi_call(
-        "embark_sparse_grad",
+    return _call(
+        abi.Target.SPARSE_GRAD,
         (
             result_type(ids, (capacity,), ids.dtype),
             result_type(ids, (capacity, grads.shape[1]), jnp.float32),
             result_type(ids, (), jnp.int32),
             _dedup_workspace(ids),
         ),
-        vmap_method="sequential",
     )(grads, ids, segment_ids, scale, per_id=np.int64(per_id))[:3]
 
 
 def sparse_update(table, slot_a, slot_b, rows, grads, hparams, kernel_id: int):
-    return jax.ffi.ffi_call(
-        "embark_sparse_update",
+    return _call(
+        abi.Target.SPARSE_UPDATE,
         (
             result_type(table, table.shape, table.dtype),
             result_type(slot_a, slot_a.shape, jnp.float32),
             result_type(slot_b, slot_b.shape, jnp.float32),
         ),
         input_output_aliases={0: 0, 1: 1, 2: 2},
-        vmap_method="sequential",
     )(table, slot_a, slot_b, rows, grads, hparams, optimizer=np.int64(kernel_id))
 
 
 def sparse_grad_update(
     table, slot_a, slot_b, grads, ids, segment_ids, scale, hparams, kernel_id: int, per_id: bool
 ):
-    return jax.ffi.ffi_call(
-        "embark_sparse_grad_update",
+    return _call(
+        abi.Target.SPARSE_GRAD_UPDATE,
         (
             result_type(table, table.shape, table.dtype),
             result_type(slot_a, slot_a.shape, jnp.float32),
@@ -141,7 +150,6 @@ def sparse_grad_update(
             _dedup_workspace(ids),
         ),
         input_output_aliases={0: 0, 1: 1, 2: 2},
-        vmap_method="sequential",
     )(
         table,
         slot_a,

@@ -1,9 +1,18 @@
-"""Loads the compiled kernels and registers them as XLA FFI targets.
+"""Loads the compiled kernels and registers them as XLA FFI targets, on first use.
 
 `_ffi_cpu` is always built; its targets are registered for `platform="cpu"`. `_ffi_cuda` is
 built when nvcc was found; its targets (same names) are registered for `platform="CUDA"` when
-a JAX CUDA plugin is installed. Registration never initialises a JAX backend, so importing
-embark_jax before `jax.config.update("jax_num_cpu_devices", 8)` is fine.
+a JAX CUDA plugin is installed.
+
+Nothing happens at import: the first kernel wrapper traced (`_ffi._call`), `build_info()` or
+`registered_targets()` calls `ensure_registered()`, which loads the extensions and registers
+their targets once. So `import embark_jax.ops` neither loads the native build nor fails
+without one, and code that only plans or uses the reference ops never pays for it.
+Registration never initialises a JAX backend (XLA queues targets registered before the
+backend exists), so `jax.config.update("jax_num_cpu_devices", 8)` still works after it.
+
+Code that runs an exported or deserialised computation without tracing embark_jax's ops must
+call `ensure_registered()` itself first.
 """
 
 from __future__ import annotations
@@ -11,13 +20,17 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
+import threading
 
 import jax
 import jaxlib
 
-__all__ = ["NativeBuildError", "build_info", "registered_targets"]
+__all__ = ["NativeBuildError", "build_info", "ensure_registered", "registered_targets"]
 
+# platform -> target names registered there; a platform appears once all its targets are in.
 _REGISTERED: dict[str, set[str]] = {}
+_REGISTER_LOCK = threading.Lock()
+_registered_all = False
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -68,23 +81,39 @@ def _parent_importable(name: str) -> bool:
 
 
 def _register(module_name: str, platform: str) -> None:
+    if platform in _REGISTERED:  # a retry after a later platform failed
+        return
     module = importlib.import_module(module_name)
-    names = _REGISTERED.setdefault(platform, set())
+    names = set()
     for name, capsule in module.registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform=platform)
         names.add(name)
+    _REGISTERED[platform] = names
 
 
-def _register_all() -> None:
-    info = _load_build_info()
-    _check_ffi_version(info.JAXLIB_VERSION)
-    _register("embark_jax._ffi_cpu", "cpu")
-    if info.CUDA_BUILT and _cuda_plugin_installed():
-        _register("embark_jax._ffi_cuda", "CUDA")
+def ensure_registered() -> None:
+    """Loads the native kernels and registers their FFI targets, once per process.
+
+    Idempotent and thread-safe; after the first call it costs one flag check. Raises
+    `NativeBuildError` when the native build is missing or built against a newer jaxlib.
+    """
+    global _registered_all
+    if _registered_all:
+        return
+    with _REGISTER_LOCK:
+        if _registered_all:
+            return
+        info = _load_build_info()
+        _check_ffi_version(info.JAXLIB_VERSION)
+        _register("embark_jax._ffi_cpu", "cpu")
+        if info.CUDA_BUILT and _cuda_plugin_installed():
+            _register("embark_jax._ffi_cuda", "CUDA")
+        _registered_all = True
 
 
 def registered_targets() -> dict[str, tuple[str, ...]]:
-    """Platform -> sorted FFI target names registered by embark_jax."""
+    """Platform -> sorted FFI target names registered by embark_jax (registers them first)."""
+    ensure_registered()
     return {p: tuple(sorted(n)) for p, n in _REGISTERED.items()}
 
 
@@ -98,6 +127,3 @@ def build_info() -> dict[str, object]:
         "cuda_architectures": info.CUDA_ARCHITECTURES,
         "registered": registered_targets(),
     }
-
-
-_register_all()

@@ -3,8 +3,9 @@
 Each optimizer is a frozen spec with an `init(table) -> state` (a `NamedTuple` of slot
 arrays) and a reference `update(table, state, rows, grads) -> (table, state)` that touches
 only the given rows. `slot_shapes(vocab, dim)` declares the slots, so memory estimates ask
-the optimizer instead of branching on its type. The fused kernel behind
-`embark_jax.ops.sparse_update` implements the same math (`kernel_id`, `hparams`).
+the optimizer instead of branching on its type; `slot_footprint` is the same as two numbers.
+The fused kernel behind `embark_jax.ops.sparse_update` implements the same math; `kernel_id`
+and `hparams` speak its ABI (`embark_jax.ops.abi`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from embark_jax.ops import abi
+
 __all__ = [
     "SGD",
     "Adagrad",
@@ -27,6 +30,7 @@ __all__ = [
     "RowWiseAdagradState",
     "SGDState",
     "SparseOptimizer",
+    "pack_hparams",
 ]
 
 
@@ -56,13 +60,22 @@ def _scatter(x: jax.Array, rows: jax.Array, valid: jax.Array, values: jax.Array)
     return x.at[jnp.where(valid, rows, x.shape[0])].set(values.astype(x.dtype), mode="drop")
 
 
+def pack_hparams(**values) -> jax.Array:
+    """The kernels' float32 hyper-parameter vector, laid out by `abi.Hparam`; entries not
+    given are 0. Keyword names are the lower-case `abi.Hparam` names (`lr`, `eps`, ...)."""
+    entries = [jnp.float32(0.0)] * abi.HPARAM_COUNT
+    for name, value in values.items():
+        entries[abi.Hparam[name.upper()]] = jnp.asarray(value, jnp.float32)
+    return jnp.stack(entries)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SparseOptimizer(abc.ABC):
     """Base of the sparse optimizers. Rows < 0 or >= V are padding and left untouched; the
     reference `update` expects unique rows (`ops.sparse_update` merges duplicates)."""
 
     learning_rate: float
-    kernel_id: ClassVar[int]
+    kernel_id: ClassVar[abi.OptimizerId]
 
     @abc.abstractmethod
     def slot_shapes(self, vocab: int, dim: int) -> dict[str, tuple[int, ...]]:
@@ -77,9 +90,16 @@ class SparseOptimizer(abc.ABC):
     def slot_bytes(self, vocab: int, dim: int) -> int:
         return sum(4 * math.prod(s) for s in self.slot_shapes(vocab, dim).values())
 
+    @property
+    def slot_footprint(self) -> tuple[int, int]:
+        """(float32 slots per table element, float32 slots per row): the optimizer state of a
+        [V, D] table is `V * (D * a + b)` floats. The kernel ABI's numbers for `kernel_id`;
+        they agree with `slot_shapes` (tests/test_abi.py)."""
+        return abi.SLOT_FOOTPRINT[self.kernel_id]
+
     def hparams(self, state: Any) -> jax.Array:
-        """`[lr, eps, b1, b2]` for the fused kernel."""
-        return jnp.array([self.learning_rate, 0.0, 0.0, 0.0], jnp.float32)
+        """The fused kernel's hyper-parameter vector (layout `abi.Hparam`)."""
+        return pack_hparams(lr=self.learning_rate)
 
     def kernel_slots(self, table: jax.Array, state: Any) -> tuple[jax.Array, jax.Array]:
         """The (at most two) slot arrays the kernel updates; unused ones are [1] dummies."""
@@ -110,7 +130,7 @@ class SparseOptimizer(abc.ABC):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SGD(SparseOptimizer):
-    kernel_id: ClassVar[int] = 0
+    kernel_id: ClassVar[abi.OptimizerId] = abi.OptimizerId.SGD
 
     def slot_shapes(self, vocab, dim):
         return {}
@@ -126,7 +146,7 @@ class SGD(SparseOptimizer):
 class Adagrad(SparseOptimizer):
     initial_accumulator: float = 0.0
     eps: float = 1e-8
-    kernel_id: ClassVar[int] = 1
+    kernel_id: ClassVar[abi.OptimizerId] = abi.OptimizerId.ADAGRAD
 
     def slot_shapes(self, vocab, dim):
         return {"accumulator": (vocab, dim)}
@@ -135,7 +155,7 @@ class Adagrad(SparseOptimizer):
         return AdagradState(jnp.full(table.shape, self.initial_accumulator, jnp.float32))
 
     def hparams(self, state):
-        return jnp.array([self.learning_rate, self.eps, 0.0, 0.0], jnp.float32)
+        return pack_hparams(lr=self.learning_rate, eps=self.eps)
 
     def _rows_update(self, w, slots, g, state):
         acc = slots[0] + g * g
@@ -146,7 +166,7 @@ class Adagrad(SparseOptimizer):
 class RowWiseAdagrad(SparseOptimizer):
     initial_accumulator: float = 0.0
     eps: float = 1e-8
-    kernel_id: ClassVar[int] = 2
+    kernel_id: ClassVar[abi.OptimizerId] = abi.OptimizerId.ROW_WISE_ADAGRAD
 
     def slot_shapes(self, vocab, dim):
         return {"accumulator": (vocab,)}
@@ -155,7 +175,7 @@ class RowWiseAdagrad(SparseOptimizer):
         return RowWiseAdagradState(jnp.full(table.shape[:1], self.initial_accumulator, jnp.float32))
 
     def hparams(self, state):
-        return jnp.array([self.learning_rate, self.eps, 0.0, 0.0], jnp.float32)
+        return pack_hparams(lr=self.learning_rate, eps=self.eps)
 
     def _rows_update(self, w, slots, g, state):
         acc = slots[0] + jnp.mean(g * g, axis=1)
@@ -171,7 +191,7 @@ class Adam(SparseOptimizer):
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
-    kernel_id: ClassVar[int] = 3
+    kernel_id: ClassVar[abi.OptimizerId] = abi.OptimizerId.ADAM
 
     def slot_shapes(self, vocab, dim):
         return {"m": (vocab, dim), "v": (vocab, dim)}
@@ -188,9 +208,7 @@ class Adam(SparseOptimizer):
         c1, c2 = self._corrections(state)
         lr_t = self.learning_rate * jnp.sqrt(c2) / c1
         eps_t = self.eps * jnp.sqrt(c2)
-        return jnp.stack([lr_t, eps_t, jnp.float32(self.b1), jnp.float32(self.b2)]).astype(
-            jnp.float32
-        )
+        return pack_hparams(lr=lr_t, eps=eps_t, b1=self.b1, b2=self.b2)
 
     def _rows_update(self, w, slots, g, state):
         m = self.b1 * slots[0] + (1 - self.b1) * g

@@ -11,13 +11,16 @@
 #include <cmath>
 #include <vector>
 
+#include "embark_abi.h"
+#include "embark_dispatch.h"
 #include "embark_ffi.h"
+#include "embark_operands.h"
 #include "kernels.h"
 
 namespace embark {
 namespace {
 
-enum Combiner : int64_t { kSum = 0, kMean = 1, kSqrtn = 2, kNone = 3 };
+using abi::Combiner;
 constexpr int64_t kPrefetchDistance = 8;
 
 template <typename T, typename O>
@@ -28,7 +31,7 @@ struct Pool {
   const ffi::AnyBuffer* seg;
   const float* w;
   O* out;
-  int64_t combiner;
+  Combiner combiner;
 
   inline int64_t Id(int64_t i) const {
     int64_t x = LoadId(*ids, i);
@@ -42,13 +45,13 @@ struct Pool {
 
   inline void Emit(float* acc, int64_t s, float denom) const {
     float scale = 1.0f;
-    if (combiner == kMean) scale = denom > 0 ? 1.0f / denom : 0.0f;
-    if (combiner == kSqrtn) scale = denom > 0 ? 1.0f / std::sqrt(denom) : 0.0f;
+    if (combiner == Combiner::MEAN) scale = denom > 0 ? 1.0f / denom : 0.0f;
+    if (combiner == Combiner::SQRTN) scale = denom > 0 ? 1.0f / std::sqrt(denom) : 0.0f;
     O* o = out + s * d;
     for (int64_t j = 0; j < d; ++j) Elem<O>::Store(o, j, acc[j] * scale);
   }
 
-  inline float DenomTerm(float wi) const { return combiner == kSqrtn ? wi * wi : wi; }
+  inline float DenomTerm(float wi) const { return combiner == Combiner::SQRTN ? wi * wi : wi; }
 
   // Segments [s0, s1) whose ids occupy positions [lo, hi) in sorted order.
   void Sorted(int64_t s0, int64_t s1, int64_t lo, int64_t hi) const {
@@ -114,7 +117,7 @@ int64_t LowerBound(const ffi::AnyBuffer& seg, int64_t n, int64_t value) {
 
 template <typename T, typename O>
 void Run(ffi::ThreadPool& pool, const Pool<T, O>& p, int64_t n, int64_t num_out) {
-  if (p.combiner == kNone) {
+  if (p.combiner == Combiner::NONE) {
     ParallelFor(pool, n, 512, [&p](int64_t a, int64_t b) { p.Rows(a, b); });
     return;
   }
@@ -129,18 +132,6 @@ void Run(ffi::ThreadPool& pool, const Pool<T, O>& p, int64_t n, int64_t num_out)
   }
 }
 
-template <typename T, typename O>
-ffi::Error Dispatch(ffi::ThreadPool& pool, ffi::AnyBuffer& table, ffi::AnyBuffer& ids,
-                    ffi::AnyBuffer& seg, ffi::AnyBuffer& weights, ffi::AnyBuffer* out,
-                    int64_t combiner) {
-  auto td = table.dimensions();
-  Pool<T, O> p{static_cast<const T*>(table.untyped_data()), td[0], td[1], &ids, &seg,
-               static_cast<const float*>(weights.untyped_data()),
-               static_cast<O*>(out->untyped_data()), combiner};
-  Run(pool, p, static_cast<int64_t>(ids.element_count()), out->dimensions()[0]);
-  return ffi::Error::Success();
-}
-
 ffi::Error LookupPoolImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBuffer ids,
                           ffi::AnyBuffer seg, ffi::AnyBuffer weights,
                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
@@ -149,35 +140,20 @@ ffi::Error LookupPoolImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBu
   // indices_are_sorted is only a hint here: sortedness is checked in O(N) anyway.
   (void)workspace;
   (void)indices_are_sorted;
-  auto td = table.dimensions();
-  auto od = out->dimensions();
-  int64_t n = static_cast<int64_t>(ids.element_count());
-  if (td.size() != 2 || od.size() != 2 || od[1] != td[1]) {
-    return InvalidArgument("lookup_pool expects table [V, D] and output [S, D]");
-  }
-  if (static_cast<int64_t>(seg.element_count()) != n ||
-      static_cast<int64_t>(weights.element_count()) != n) {
-    return InvalidArgument("lookup_pool: ids, segment_ids and weights must all be [N]");
-  }
-  if (!IsIdType(ids.element_type()) || !IsIdType(seg.element_type())) {
-    return InvalidArgument("lookup_pool: ids and segment_ids must be int32 or int64");
-  }
-  if (weights.element_type() != ffi::DataType::F32) {
-    return InvalidArgument("lookup_pool: weights must be float32");
-  }
-  if (combiner < kSum || combiner > kNone) return InvalidArgument("lookup_pool: bad combiner");
-  if (combiner == kNone && od[0] != n) return InvalidArgument("lookup_pool: none needs [N, D] out");
-  auto tt = table.element_type(), ot = out->element_type();
-  ffi::AnyBuffer* o = &(*out);
-  if (tt == ffi::DataType::F32 && ot == ffi::DataType::F32)
-    return Dispatch<float, float>(pool, table, ids, seg, weights, o, combiner);
-  if (tt == ffi::DataType::F32 && ot == ffi::DataType::BF16)
-    return Dispatch<float, uint16_t>(pool, table, ids, seg, weights, o, combiner);
-  if (tt == ffi::DataType::BF16 && ot == ffi::DataType::F32)
-    return Dispatch<uint16_t, float>(pool, table, ids, seg, weights, o, combiner);
-  if (tt == ffi::DataType::BF16 && ot == ffi::DataType::BF16)
-    return Dispatch<uint16_t, uint16_t>(pool, table, ids, seg, weights, o, combiner);
-  return InvalidArgument("lookup_pool: table and output must be float32 or bfloat16");
+  const int64_t n = static_cast<int64_t>(ids.element_count());
+  ffi::Error err = CheckLookupPool(table, ids, seg, weights, *out, combiner);
+  if (err.failure()) return err;
+  const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];
+  return DispatchFloat<HostBf16>("lookup_pool", "table", table.element_type(), [&](auto t) {
+    return DispatchFloat<HostBf16>("lookup_pool", "output", out->element_type(), [&](auto o) {
+      using T = EMBARK_TYPE(t);
+      using O = EMBARK_TYPE(o);
+      Pool<T, O> p{static_cast<const T*>(table.untyped_data()), vocab, d, &ids, &seg,
+                   static_cast<const float*>(weights.untyped_data()),
+                   static_cast<O*>(out->untyped_data()), static_cast<Combiner>(combiner)};
+      Run(pool, p, n, out->dimensions()[0]);
+    });
+  });
 }
 
 }  // namespace

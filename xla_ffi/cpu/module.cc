@@ -1,5 +1,7 @@
 // The _ffi_cpu Python module: `registrations()` maps each FFI target name to a capsule holding
-// its handler, which embark_jax._native registers with jax.ffi.register_ffi_target.
+// its handler, which embark_jax.ops.native registers with jax.ffi.register_ffi_target. The
+// map is generated from the ABI's target list (embark_abi.h), so it registers exactly the
+// targets Python calls.
 #include <pybind11/pybind11.h>
 
 #include "kernels.h"
@@ -19,12 +21,10 @@ PYBIND11_MODULE(_ffi_cpu, m) {
   m.doc() = "embark_jax CPU kernels (XLA FFI handlers)";
   m.def("registrations", []() {
     py::dict d;
-    d["embark_segment_sum"] = Capsule(EmbarkSegmentSumCpu);
-    d["embark_lookup_pool"] = Capsule(EmbarkLookupPoolCpu);
-    d["embark_unique"] = Capsule(EmbarkUniqueCpu);
-    d["embark_sparse_grad"] = Capsule(EmbarkSparseGradCpu);
-    d["embark_sparse_update"] = Capsule(EmbarkSparseUpdateCpu);
-    d["embark_sparse_grad_update"] = Capsule(EmbarkSparseGradUpdateCpu);
+#define EMBARK_REGISTER_CPU(name, stem) \
+  d[EMBARK_ABI_TARGET_NAME(name)] = Capsule(Embark##stem##Cpu);
+    EMBARK_ABI_TARGETS(EMBARK_REGISTER_CPU)
+#undef EMBARK_REGISTER_CPU
     return d;
   });
 }

@@ -4,7 +4,9 @@
 // ids need not be sorted.
 #include <vector>
 
+#include "embark_dispatch.h"
 #include "embark_ffi.h"
+#include "embark_operands.h"
 #include "kernels.h"
 
 namespace embark {
@@ -28,30 +30,15 @@ void SegmentSumTyped(ffi::ThreadPool& pool, const T* values, const ffi::AnyBuffe
 
 ffi::Error SegmentSumImpl(ffi::ThreadPool pool, ffi::AnyBuffer values, ffi::AnyBuffer segment_ids,
                           ffi::Result<ffi::AnyBuffer> out) {
-  auto vdims = values.dimensions();
-  auto odims = out->dimensions();
-  if (vdims.size() != 2 || odims.size() != 2) {
-    return InvalidArgument("segment_sum expects values [N, D] and output [S, D]");
-  }
-  int64_t n = vdims[0], d = vdims[1], s = odims[0];
-  if (static_cast<int64_t>(segment_ids.element_count()) != n || odims[1] != d) {
-    return InvalidArgument("segment_sum: segment_ids must be [N] and output [S, D]");
-  }
-  if (!IsIdType(segment_ids.element_type())) {
-    return InvalidArgument("segment_sum: segment_ids must be int32 or int64");
-  }
-  switch (values.element_type()) {
-    case ffi::DataType::F32:
-      SegmentSumTyped(pool, static_cast<const float*>(values.untyped_data()), segment_ids, n, d, s,
-                      static_cast<float*>(out->untyped_data()));
-      return ffi::Error::Success();
-    case ffi::DataType::BF16:
-      SegmentSumTyped(pool, static_cast<const uint16_t*>(values.untyped_data()), segment_ids, n,
-                      d, s, static_cast<uint16_t*>(out->untyped_data()));
-      return ffi::Error::Success();
-    default:
-      return InvalidArgument("segment_sum: values must be float32 or bfloat16");
-  }
+  ffi::Error err = CheckSegmentSum(values, segment_ids, *out);
+  if (err.failure()) return err;
+  const int64_t n = values.dimensions()[0], d = values.dimensions()[1];
+  const int64_t s = out->dimensions()[0];
+  return DispatchFloat<HostBf16>("segment_sum", "values", values.element_type(), [&](auto tag) {
+    using T = EMBARK_TYPE(tag);
+    SegmentSumTyped(pool, static_cast<const T*>(values.untyped_data()), segment_ids, n, d, s,
+                    static_cast<T*>(out->untyped_data()));
+  });
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 
 #include "cpu_grad.h"
 #include "cpu_sort.h"
+#include "embark_dispatch.h"
 #include "embark_ffi.h"
+#include "embark_operands.h"
 #include "kernels.h"
 
 namespace embark {
@@ -27,48 +29,44 @@ void Reduce(ffi::ThreadPool& pool, const SortedIds& s, const std::vector<int64_t
   });
 }
 
+// Writes the first `slots` unique ids to unique_rows[0..cap), padded with -1.
+template <typename I>
+void WriteUniqueRows(const SortedIds& s, const std::vector<int64_t>& starts, int64_t slots,
+                     int64_t cap, I* unique_rows) {
+  for (int64_t k = 0; k < cap; ++k) {
+    unique_rows[k] = static_cast<I>(k < slots ? static_cast<int64_t>(s.keys[starts[k]]) : -1);
+  }
+}
+
 ffi::Error SparseGradImpl(ffi::ThreadPool pool, ffi::AnyBuffer grads, ffi::AnyBuffer ids,
                           ffi::AnyBuffer seg, ffi::Buffer<ffi::F32> scale,
                           ffi::Result<ffi::AnyBuffer> unique_rows,
                           ffi::Result<ffi::Buffer<ffi::F32>> row_grads,
                           ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
                           ffi::Result<ffi::AnyBuffer> /*workspace: CUDA only*/, int64_t per_id) {
-  auto gd = grads.dimensions();
-  auto rd = row_grads->dimensions();
   const int64_t n = static_cast<int64_t>(ids.element_count());
   const int64_t cap = static_cast<int64_t>(unique_rows->element_count());
-  if (gd.size() != 2 || rd.size() != 2 || rd[0] != cap || rd[1] != gd[1]) {
-    return InvalidArgument("sparse_grad expects grads [S, D] and row_grads [C, D]");
-  }
-  if (static_cast<int64_t>(scale.element_count()) != n ||
-      (!per_id && static_cast<int64_t>(seg.element_count()) != n)) {
-    return InvalidArgument("sparse_grad: ids, segment_ids and scale must all be [N]");
-  }
-  if (!IsIdType(ids.element_type()) || unique_rows->element_type() != ids.element_type()) {
-    return InvalidArgument("sparse_grad: ids must be int32/int64 and unique_rows the same type");
-  }
+  ffi::Error err =
+      CheckSparseGrad(grads, ids, seg, scale, *unique_rows, *row_grads, per_id != 0);
+  if (err.failure()) return err;
+  const int64_t d = grads.dimensions()[1];
   SortedIds s = SortValidIds(n, [&ids](int64_t i) { return LoadId(ids, i); });
   std::vector<int64_t> starts = RunStarts(s.keys);
   const int64_t u = static_cast<int64_t>(starts.size()) - 1;
   const int64_t slots = u < cap ? u : cap;
-  bool ids64 = ids.element_type() == ffi::DataType::S64;
-  for (int64_t k = 0; k < cap; ++k) {
-    int64_t v = k < slots ? static_cast<int64_t>(s.keys[starts[k]]) : -1;
-    if (ids64) static_cast<int64_t*>(unique_rows->untyped_data())[k] = v;
-    else static_cast<int32_t*>(unique_rows->untyped_data())[k] = static_cast<int32_t>(v);
-  }
+  err = DispatchId("sparse_grad", "ids", ids.element_type(), [&](auto tag) {
+    using I = EMBARK_TYPE(tag);
+    WriteUniqueRows(s, starts, slots, cap, static_cast<I*>(unique_rows->untyped_data()));
+  });
+  if (err.failure()) return err;
   float* out = row_grads->typed_data();
-  const int64_t d = gd[1];
   for (int64_t k = slots * d; k < cap * d; ++k) out[k] = 0.0f;
-  if (grads.element_type() == ffi::DataType::F32) {
-    Reduce(pool, s, starts, slots, static_cast<const float*>(grads.untyped_data()), d, gd[0], seg,
-           per_id != 0, scale.typed_data(), out);
-  } else if (grads.element_type() == ffi::DataType::BF16) {
-    Reduce(pool, s, starts, slots, static_cast<const uint16_t*>(grads.untyped_data()), d, gd[0],
-           seg, per_id != 0, scale.typed_data(), out);
-  } else {
-    return InvalidArgument("sparse_grad: grads must be float32 or bfloat16");
-  }
+  err = DispatchFloat<HostBf16>("sparse_grad", "grads", grads.element_type(), [&](auto tag) {
+    using G = EMBARK_TYPE(tag);
+    Reduce(pool, s, starts, slots, static_cast<const G*>(grads.untyped_data()), d,
+           grads.dimensions()[0], seg, per_id != 0, scale.typed_data(), out);
+  });
+  if (err.failure()) return err;
   num_unique->typed_data()[0] = static_cast<int32_t>(u);
   return ffi::Error::Success();
 }

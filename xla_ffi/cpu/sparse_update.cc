@@ -7,11 +7,14 @@
 //   optimizer 3 Adam (lazy):      m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 //                                 w -= lr_t * m / (sqrt(v) + eps_t)
 //
-// hparams = [lr, eps, b1, b2] with Adam's bias corrections folded into lr and eps by the
-// caller. Rows < 0 or >= V are padding and skipped. Rows must be unique (the Python op
-// merges duplicates first unless told they are unique): workers own disjoint row ranges.
+// The optimizer ids and the hparams layout ([lr, eps, b1, b2], Adam's bias corrections folded
+// into lr and eps by the caller) are the ABI's (embark_abi.h). Rows < 0 or >= V are padding
+// and skipped. Rows must be unique (the Python op merges duplicates first unless told they
+// are unique): workers own disjoint row ranges.
 #include "cpu_optim.h"
+#include "embark_dispatch.h"
 #include "embark_ffi.h"
+#include "embark_operands.h"
 #include "kernels.h"
 
 namespace embark {
@@ -19,8 +22,8 @@ namespace {
 
 template <typename T>
 void Update(ffi::ThreadPool& pool, T* table, float* sa, float* sb, const ffi::AnyBuffer& rows,
-            const float* grads, int64_t vocab, int64_t d, int64_t c, int64_t opt,
-            const float* hp) {
+            const float* grads, int64_t vocab, int64_t d, int64_t c, Optimizer opt,
+            const abi::Hparams& hp) {
   ParallelFor(pool, c, 64, [=, &rows](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       if (k + 4 < k1) {
@@ -40,38 +43,20 @@ ffi::Error SparseUpdateImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buf
                             ffi::Result<ffi::AnyBuffer> table_out,
                             ffi::Result<ffi::Buffer<ffi::F32>> slot_a_out,
                             ffi::Result<ffi::Buffer<ffi::F32>> slot_b_out, int64_t optimizer) {
-  auto td = table.dimensions();
-  auto gd = grads.dimensions();
-  if (td.size() != 2 || gd.size() != 2 || gd[1] != td[1]) {
-    return InvalidArgument("sparse_update expects table [V, D] and grads [C, D]");
-  }
-  const int64_t vocab = td[0], d = td[1], c = gd[0];
-  if (static_cast<int64_t>(rows.element_count()) != c || !IsIdType(rows.element_type())) {
-    return InvalidArgument("sparse_update: rows must be int32/int64 [C] matching grads [C, D]");
-  }
-  if (hparams.element_count() < 4) return InvalidArgument("sparse_update: hparams must be [4]");
-  const int64_t need_a = SlotAElements(optimizer, vocab, d);
-  const int64_t need_b = SlotBElements(optimizer, vocab, d);
-  if (!ValidOptimizer(optimizer)) return InvalidArgument("sparse_update: bad optimizer");
-  if (static_cast<int64_t>(slot_a.element_count()) < need_a ||
-      static_cast<int64_t>(slot_b.element_count()) < need_b) {
-    return InvalidArgument("sparse_update: optimizer slots too small for the table");
-  }
+  ffi::Error err = CheckSparseUpdate(table, slot_a, slot_b, rows, grads, hparams, optimizer);
+  if (err.failure()) return err;
+  const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];
+  const int64_t n = grads.dimensions()[0];
   // The outputs alias the inputs (input_output_aliases); copy only if XLA did not alias.
   CopyIfNotAliased(table_out->untyped_data(), table.untyped_data(), table.size_bytes());
   CopyIfNotAliased(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes());
   CopyIfNotAliased(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes());
-  const float* hp = hparams.typed_data();
-  if (table.element_type() == ffi::DataType::F32) {
-    Update(pool, static_cast<float*>(table_out->untyped_data()), slot_a_out->typed_data(),
-           slot_b_out->typed_data(), rows, grads.typed_data(), vocab, d, c, optimizer, hp);
-  } else if (table.element_type() == ffi::DataType::BF16) {
-    Update(pool, static_cast<uint16_t*>(table_out->untyped_data()), slot_a_out->typed_data(),
-           slot_b_out->typed_data(), rows, grads.typed_data(), vocab, d, c, optimizer, hp);
-  } else {
-    return InvalidArgument("sparse_update: table must be float32 or bfloat16");
-  }
-  return ffi::Error::Success();
+  const abi::Hparams hp = abi::LoadHparams(hparams.typed_data());
+  return DispatchFloat<HostBf16>("sparse_update", "table", table.element_type(), [&](auto tag) {
+    Update(pool, static_cast<EMBARK_TYPE(tag)*>(table_out->untyped_data()),
+           slot_a_out->typed_data(), slot_b_out->typed_data(), rows, grads.typed_data(), vocab, d,
+           n, static_cast<Optimizer>(optimizer), hp);
+  });
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // Dedup on the CPU: sorted unique non-negative ids in a fixed capacity, the inverse index and
 // counts; num_unique is the true distinct count, so the caller sees any overflow.
 #include "cpu_sort.h"
+#include "embark_dispatch.h"
 #include "embark_ffi.h"
+#include "embark_operands.h"
 #include "kernels.h"
 
 namespace embark {
@@ -12,11 +14,10 @@ ffi::Error UniqueImpl(ffi::AnyBuffer ids, ffi::Result<ffi::AnyBuffer> unique,
                       ffi::Result<ffi::Buffer<ffi::S32>> counts,
                       ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
                       ffi::Result<ffi::AnyBuffer> /*workspace: CUDA only*/) {
-  if (!IsIdType(ids.element_type()) || unique->element_type() != ids.element_type()) {
-    return InvalidArgument("unique: ids must be int32 or int64 and unique_ids of the same type");
-  }
   const int64_t n = static_cast<int64_t>(ids.element_count());
   const int64_t cap = static_cast<int64_t>(unique->element_count());
+  ffi::Error err = CheckUnique(ids, *unique, *inverse, *counts);
+  if (err.failure()) return err;
   SortedIds s = SortValidIds(n, [&ids](int64_t i) { return LoadId(ids, i); });
   std::vector<int64_t> starts = RunStarts(s.keys);
   const int64_t u = static_cast<int64_t>(starts.size()) - 1;
@@ -24,12 +25,14 @@ ffi::Error UniqueImpl(ffi::AnyBuffer ids, ffi::Result<ffi::AnyBuffer> unique,
   int32_t* cnt = counts->typed_data();
   for (int64_t i = 0; i < n; ++i) inv[i] = -1;
   for (int64_t k = 0; k < cap; ++k) cnt[k] = 0;
-  bool ids64 = ids.element_type() == ffi::DataType::S64;
-  for (int64_t k = 0; k < cap; ++k) {
-    int64_t v = k < u ? static_cast<int64_t>(s.keys[starts[k]]) : -1;
-    if (ids64) static_cast<int64_t*>(unique->untyped_data())[k] = v;
-    else static_cast<int32_t*>(unique->untyped_data())[k] = static_cast<int32_t>(v);
-  }
+  err = DispatchId("unique", "ids", ids.element_type(), [&](auto tag) {
+    using I = EMBARK_TYPE(tag);
+    I* out = static_cast<I*>(unique->untyped_data());
+    for (int64_t k = 0; k < cap; ++k) {
+      out[k] = static_cast<I>(k < u ? static_cast<int64_t>(s.keys[starts[k]]) : -1);
+    }
+  });
+  if (err.failure()) return err;
   for (int64_t k = 0; k < u && k < cap; ++k) {
     cnt[k] = static_cast<int32_t>(starts[k + 1] - starts[k]);
     for (int64_t j = starts[k]; j < starts[k + 1]; ++j) inv[s.positions[j]] = static_cast<int32_t>(k);

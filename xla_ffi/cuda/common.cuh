@@ -7,9 +7,14 @@
 #include <cstdint>
 #include <string>
 
+#include "embark_check.h"
+#include "embark_dispatch.h"
 #include "embark_ffi.h"
 
 namespace embark {
+
+// How the CUDA kernels store a bfloat16 (the Bf16 argument of DispatchFloat on CUDA).
+using DevBf16 = __nv_bfloat16;
 
 template <typename T>
 struct DevElem;

@@ -1,17 +1,16 @@
-// Handler symbols of the CUDA kernels, exported to Python by cuda/module.cc.
+// Handler symbols of the CUDA kernels, one per ABI target (embark_abi.h), exported to Python
+// by cuda/module.cc. A target added to the ABI list without a handler fails to link.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "embark_abi.h"
 #include "xla/ffi/api/ffi.h"
 
-XLA_FFI_DECLARE_HANDLER_SYMBOL(EmbarkSegmentSumCuda);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(EmbarkLookupPoolCuda);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(EmbarkUniqueCuda);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(EmbarkSparseGradCuda);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(EmbarkSparseGradUpdateCuda);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(EmbarkSparseUpdateCuda);
+#define EMBARK_DECLARE_CUDA_HANDLER(name, stem) XLA_FFI_DECLARE_HANDLER_SYMBOL(Embark##stem##Cuda);
+EMBARK_ABI_TARGETS(EMBARK_DECLARE_CUDA_HANDLER)
+#undef EMBARK_DECLARE_CUDA_HANDLER
 
 namespace embark {
 // Bytes of the dedup workspace for n ids of key_bytes (4 or 8); see dedup.cuh.

@@ -8,12 +8,14 @@
 // Workspace (an extra output sized by Python): [S] float32 denominators (+ [S, D] float32
 // accumulators when unsorted). No allocation, no host sync.
 #include "common.cuh"
+#include "embark_abi.h"
+#include "embark_operands.h"
 #include "kernels.h"
 
 namespace embark {
 namespace {
 
-enum Combiner : int64_t { kSum = 0, kMean = 1, kSqrtn = 2, kNone = 3 };
+using abi::Combiner;
 
 struct Args {
   const void* ids;
@@ -21,7 +23,8 @@ struct Args {
   const void* seg;
   bool seg64;
   const float* w;
-  int64_t n, vocab, d, num_segments, combiner;
+  int64_t n, vocab, d, num_segments;
+  Combiner combiner;
 };
 
 __device__ __forceinline__ int64_t ValidId(const Args& a, int64_t i) {
@@ -38,9 +41,9 @@ __device__ __forceinline__ int64_t LowerBound(const Args& a, int64_t value) {
   return lo;
 }
 
-__device__ __forceinline__ float ScaleFor(int64_t combiner, float denom) {
-  if (combiner == kMean) return denom > 0.0f ? 1.0f / denom : 0.0f;
-  if (combiner == kSqrtn) return denom > 0.0f ? rsqrtf(denom) : 0.0f;
+__device__ __forceinline__ float ScaleFor(Combiner combiner, float denom) {
+  if (combiner == Combiner::MEAN) return denom > 0.0f ? 1.0f / denom : 0.0f;
+  if (combiner == Combiner::SQRTN) return denom > 0.0f ? rsqrtf(denom) : 0.0f;
   return 1.0f;
 }
 
@@ -68,7 +71,7 @@ __global__ void PoolSortedKernel(const T* __restrict__ table, Args a, O* __restr
     const int64_t lo = LowerBound(a, s), hi = LowerBound(a, s + 1);
     float part = 0.0f;
     for (int64_t i = lo + lane; i < hi; i += 32) {
-      if (ValidId(a, i) >= 0) part += a.combiner == kSqrtn ? a.w[i] * a.w[i] : a.w[i];
+      if (ValidId(a, i) >= 0) part += a.combiner == Combiner::SQRTN ? a.w[i] * a.w[i] : a.w[i];
     }
     const float scale = ScaleFor(a.combiner, WarpSum(part));
     if (VEC) {
@@ -108,7 +111,7 @@ __global__ void DenomKernel(Args a, float* denom) {
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t s = DevLoadIdAny(a.seg, a.seg64, i);
     if (s < 0 || s >= a.num_segments || ValidId(a, i) < 0) continue;
-    atomicAdd(denom + s, a.combiner == kSqrtn ? a.w[i] * a.w[i] : a.w[i]);
+    atomicAdd(denom + s, a.combiner == Combiner::SQRTN ? a.w[i] * a.w[i] : a.w[i]);
   }
 }
 
@@ -157,7 +160,7 @@ ffi::Error Launch(cudaStream_t stream, const void* table, Args a, bool sorted, v
   const int threads = 256, warps_per_block = threads / 32;
   const T* t = static_cast<const T*>(table);
   O* o = static_cast<O*>(out);
-  if (a.combiner == kNone) {
+  if (a.combiner == Combiner::NONE) {
     GatherRowsKernel<T, O><<<GridFor(a.n, warps_per_block), threads, 0, stream>>>(t, a, o);
   } else if (sorted) {
     const bool vec = a.d % 4 == 0;
@@ -169,13 +172,16 @@ ffi::Error Launch(cudaStream_t stream, const void* table, Args a, bool sorted, v
   } else {
     const size_t need = sizeof(float) * (a.num_segments + a.num_segments * a.d);
     if (workspace_bytes < need) {
-      return InvalidArgument("lookup_pool: unsorted segments need a workspace of " +
-                             std::to_string(need) + " bytes");
+      return InvalidArgument("lookup_pool: workspace must have at least " + std::to_string(need) +
+                             " bytes (float32 [S] denominators and [S, D] accumulators for "
+                             "unsorted segment ids), got " + std::to_string(workspace_bytes));
     }
     float* denom = static_cast<float*>(workspace);
     float* acc = denom + a.num_segments;
     cudaMemsetAsync(workspace, 0, need, stream);
-    if (a.combiner != kSum) DenomKernel<<<GridFor(a.n, threads), threads, 0, stream>>>(a, denom);
+    if (a.combiner != Combiner::SUM) {
+      DenomKernel<<<GridFor(a.n, threads), threads, 0, stream>>>(a, denom);
+    }
     PoolAtomicKernel<T><<<GridFor(a.n, warps_per_block), threads, 0, stream>>>(t, a, denom, acc);
     ConvertKernel<O><<<GridFor(a.num_segments * a.d, threads), threads, 0, stream>>>(
         acc, a.num_segments * a.d, o);
@@ -188,32 +194,27 @@ ffi::Error LookupPoolCudaImpl(cudaStream_t stream, ffi::AnyBuffer table, ffi::An
                               ffi::Result<ffi::AnyBuffer> out,
                               ffi::Result<ffi::AnyBuffer> workspace, int64_t combiner,
                               int64_t indices_are_sorted) {
-  auto td = table.dimensions();
-  auto od = out->dimensions();
+  ffi::Error err = CheckLookupPool(table, ids, seg, weights, *out, combiner);
+  if (err.failure()) return err;
   const int64_t n = static_cast<int64_t>(ids.element_count());
-  if (td.size() != 2 || od.size() != 2 || od[1] != td[1] ||
-      static_cast<int64_t>(seg.element_count()) != n ||
-      static_cast<int64_t>(weights.element_count()) != n ||
-      weights.element_type() != ffi::DataType::F32 || !IsIdType(ids.element_type()) ||
-      !IsIdType(seg.element_type()) || combiner < kSum || combiner > kNone) {
-    return InvalidArgument("lookup_pool: bad operands (table [V, D], ids/segment_ids/weights [N])");
-  }
-  Args a{ids.untyped_data(), ids.element_type() == ffi::DataType::S64, seg.untyped_data(),
-         seg.element_type() == ffi::DataType::S64, static_cast<const float*>(weights.untyped_data()),
-         n, td[0], td[1], od[0], combiner};
+  Args a{ids.untyped_data(),
+         ids.element_type() == ffi::DataType::S64,
+         seg.untyped_data(),
+         seg.element_type() == ffi::DataType::S64,
+         static_cast<const float*>(weights.untyped_data()),
+         n,
+         table.dimensions()[0],
+         table.dimensions()[1],
+         out->dimensions()[0],
+         static_cast<Combiner>(combiner)};
   const bool sorted = indices_are_sorted != 0;
-  auto tt = table.element_type(), ot = out->element_type();
-  void* ws = workspace->untyped_data();
-  size_t wsb = workspace->size_bytes();
-  if (tt == ffi::DataType::F32 && ot == ffi::DataType::F32)
-    return Launch<float, float>(stream, table.untyped_data(), a, sorted, out->untyped_data(), ws, wsb);
-  if (tt == ffi::DataType::F32 && ot == ffi::DataType::BF16)
-    return Launch<float, __nv_bfloat16>(stream, table.untyped_data(), a, sorted, out->untyped_data(), ws, wsb);
-  if (tt == ffi::DataType::BF16 && ot == ffi::DataType::F32)
-    return Launch<__nv_bfloat16, float>(stream, table.untyped_data(), a, sorted, out->untyped_data(), ws, wsb);
-  if (tt == ffi::DataType::BF16 && ot == ffi::DataType::BF16)
-    return Launch<__nv_bfloat16, __nv_bfloat16>(stream, table.untyped_data(), a, sorted, out->untyped_data(), ws, wsb);
-  return InvalidArgument("lookup_pool: table and output must be float32 or bfloat16");
+  return DispatchFloat<DevBf16>("lookup_pool", "table", table.element_type(), [&](auto t) {
+    return DispatchFloat<DevBf16>("lookup_pool", "output", out->element_type(), [&](auto o) {
+      return Launch<EMBARK_TYPE(t), EMBARK_TYPE(o)>(stream, table.untyped_data(), a, sorted,
+                                                    out->untyped_data(), workspace->untyped_data(),
+                                                    workspace->size_bytes());
+    });
+  });
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// The _ffi_cuda Python module: same target names as _ffi_cpu, CUDA handlers, plus the sizes
-// of the workspaces that Python passes as extra outputs.
+// The _ffi_cuda Python module: the same targets as _ffi_cpu (both generated from the ABI's
+// target list, embark_abi.h) with CUDA handlers, plus the sizes of the workspaces that Python
+// passes as extra outputs.
 #include <pybind11/pybind11.h>
 
 #include "kernels.h"
@@ -17,12 +18,10 @@ PYBIND11_MODULE(_ffi_cuda, m) {
   m.doc() = "embark_jax CUDA kernels (XLA FFI handlers)";
   m.def("registrations", []() {
     py::dict d;
-    d["embark_segment_sum"] = Capsule(EmbarkSegmentSumCuda);
-    d["embark_lookup_pool"] = Capsule(EmbarkLookupPoolCuda);
-    d["embark_unique"] = Capsule(EmbarkUniqueCuda);
-    d["embark_sparse_grad"] = Capsule(EmbarkSparseGradCuda);
-    d["embark_sparse_grad_update"] = Capsule(EmbarkSparseGradUpdateCuda);
-    d["embark_sparse_update"] = Capsule(EmbarkSparseUpdateCuda);
+#define EMBARK_REGISTER_CUDA(name, stem) \
+  d[EMBARK_ABI_TARGET_NAME(name)] = Capsule(Embark##stem##Cuda);
+    EMBARK_ABI_TARGETS(EMBARK_REGISTER_CUDA)
+#undef EMBARK_REGISTER_CUDA
     return d;
   });
   m.def("dedup_workspace_bytes", &embark::DedupWorkspaceBytes, py::arg("n"), py::arg("key_bytes"),

@@ -1,19 +1,15 @@
-// The sparse optimizers' per-element math on the GPU (same formulas as cpu_optim.h).
+// The sparse optimizers' per-element math on the GPU (same formulas as cpu_optim.h). The
+// optimizer ids, slot layout and hparams layout are the ABI's (embark_abi.h).
 #pragma once
 
 #include "common.cuh"
+#include "embark_abi.h"
 
 namespace embark {
 
-enum DevOptimizer : int64_t { kDevSgd = 0, kDevAdagrad = 1, kDevRowWiseAdagrad = 2, kDevAdam = 3 };
-
-struct Hparams {
-  float lr, eps, b1, b2;
-};
-
-__device__ __forceinline__ Hparams LoadHparams(const float* hp) {
-  return Hparams{hp[0], hp[1], hp[2], hp[3]};
-}
+using abi::Hparams;
+using abi::LoadHparams;
+using abi::Optimizer;
 
 // Row-wise Adagrad: called by a whole warp with this lane's partial sum of g^2; updates the
 // row's accumulator once and returns the row's step size lr / (sqrt(acc) + eps) to all lanes.
@@ -32,25 +28,25 @@ __device__ __forceinline__ float RowWiseStep(float* acc, int64_t r, float partia
 // Applies the optimizer to element (r, j) with gradient g; rowwise_step is used by
 // row-wise Adagrad only.
 template <typename T>
-__device__ __forceinline__ void ApplyElem(int64_t opt, T* table, float* sa, float* sb, int64_t r,
+__device__ __forceinline__ void ApplyElem(Optimizer opt, T* table, float* sa, float* sb, int64_t r,
                                           int64_t j, int64_t d, float g, const Hparams& h,
                                           float rowwise_step) {
   const int64_t e = r * d + j;
   float w = DevElem<T>::Load(table, e);
   switch (opt) {
-    case kDevSgd:
+    case Optimizer::SGD:
       w -= h.lr * g;
       break;
-    case kDevAdagrad: {
+    case Optimizer::ADAGRAD: {
       float a = sa[e] + g * g;
       sa[e] = a;
       w -= h.lr * g / (sqrtf(a) + h.eps);
       break;
     }
-    case kDevRowWiseAdagrad:
+    case Optimizer::ROW_WISE_ADAGRAD:
       w -= rowwise_step * g;
       break;
-    case kDevAdam: {
+    case Optimizer::ADAM: {
       float m = h.b1 * sa[e] + (1.0f - h.b1) * g;
       float v = h.b2 * sb[e] + (1.0f - h.b2) * g * g;
       sa[e] = m;

@@ -2,6 +2,7 @@
 // Segment ids outside [0, num_segments) are dropped. Output is zeroed on the stream first;
 // no allocation and no host sync, so the handler is command-buffer (CUDA graph) compatible.
 #include "common.cuh"
+#include "embark_operands.h"
 #include "kernels.h"
 
 namespace embark {
@@ -33,36 +34,19 @@ void Launch(cudaStream_t stream, const void* values, const void* seg, int64_t n,
 
 ffi::Error SegmentSumCudaImpl(cudaStream_t stream, ffi::AnyBuffer values,
                               ffi::AnyBuffer segment_ids, ffi::Result<ffi::AnyBuffer> out) {
-  auto vdims = values.dimensions();
-  auto odims = out->dimensions();
-  if (vdims.size() != 2 || odims.size() != 2 || odims[1] != vdims[1] ||
-      static_cast<int64_t>(segment_ids.element_count()) != vdims[0]) {
-    return InvalidArgument("segment_sum expects values [N, D], segment_ids [N], output [S, D]");
-  }
-  int64_t n = vdims[0], d = vdims[1], s = odims[0];
+  ffi::Error err = CheckSegmentSum(values, segment_ids, *out);
+  if (err.failure()) return err;
+  const int64_t n = values.dimensions()[0], d = values.dimensions()[1];
+  const int64_t s = out->dimensions()[0];
   cudaMemsetAsync(out->untyped_data(), 0, out->size_bytes(), stream);
-  bool ids64 = segment_ids.element_type() == ffi::DataType::S64;
-  if (!IsIdType(segment_ids.element_type())) return InvalidArgument("segment_sum: int ids only");
-  switch (values.element_type()) {
-    case ffi::DataType::F32:
-      if (ids64)
-        Launch<float, int64_t>(stream, values.untyped_data(), segment_ids.untyped_data(), n, d, s,
-                               out->untyped_data());
-      else
-        Launch<float, int32_t>(stream, values.untyped_data(), segment_ids.untyped_data(), n, d, s,
-                               out->untyped_data());
-      break;
-    case ffi::DataType::BF16:
-      if (ids64)
-        Launch<__nv_bfloat16, int64_t>(stream, values.untyped_data(), segment_ids.untyped_data(),
-                                       n, d, s, out->untyped_data());
-      else
-        Launch<__nv_bfloat16, int32_t>(stream, values.untyped_data(), segment_ids.untyped_data(),
-                                       n, d, s, out->untyped_data());
-      break;
-    default:
-      return InvalidArgument("segment_sum: values must be float32 or bfloat16");
-  }
+  err = DispatchFloat<DevBf16>("segment_sum", "values", values.element_type(), [&](auto v) {
+    return DispatchId("segment_sum", "segment_ids", segment_ids.element_type(), [&](auto i) {
+      Launch<EMBARK_TYPE(v), EMBARK_TYPE(i)>(stream, values.untyped_data(),
+                                             segment_ids.untyped_data(), n, d, s,
+                                             out->untyped_data());
+    });
+  });
+  if (err.failure()) return err;
   return CudaStatus("segment_sum");
 }
 

@@ -6,6 +6,7 @@
 // num_unique); sparse_grad_update applies the optimizer to the table row right away
 // (in place, outputs alias inputs), with no gradient buffer and no capacity.
 #include "dedup.cuh"
+#include "embark_operands.h"
 #include "kernels.h"
 #include "optim.cuh"
 
@@ -77,7 +78,7 @@ __global__ void SparseGradKernel(DedupView v, bool ids64, GradArgs g, int64_t ca
 
 template <typename T>
 __global__ void SparseGradUpdateKernel(DedupView v, bool ids64, GradArgs g, T* table, float* sa,
-                                       float* sb, int64_t vocab, int64_t opt, const float* hp) {
+                                       float* sb, int64_t vocab, Optimizer opt, const float* hp) {
   const int lane = threadIdx.x & 31;
   const Hparams h = LoadHparams(hp);
   const int64_t u = *v.num_unique;
@@ -87,7 +88,7 @@ __global__ void SparseGradUpdateKernel(DedupView v, bool ids64, GradArgs g, T* t
     const int64_t row = SortedId(v, ids64, v.run_start[k]);
     if (row < 0 || row >= vocab) continue;
     float step = 0.0f;
-    if (opt == kDevRowWiseAdagrad) {  // needs the whole row's sum of g^2 first
+    if (opt == Optimizer::ROW_WISE_ADAGRAD) {  // needs the whole row's sum of g^2 first
       float sq = 0.0f;
       for (int64_t c0 = 0; c0 < g.d; c0 += 32 * kR) {
         float acc[kR];
@@ -107,14 +108,6 @@ __global__ void SparseGradUpdateKernel(DedupView v, bool ids64, GradArgs g, T* t
   }
 }
 
-bool CheckGradOperands(const ffi::AnyBuffer& grads, const ffi::AnyBuffer& ids,
-                       const ffi::AnyBuffer& seg, int64_t scale_n, bool per_id) {
-  const int64_t n = static_cast<int64_t>(ids.element_count());
-  return grads.dimensions().size() == 2 && IsFloatType(grads.element_type()) &&
-         IsIdType(ids.element_type()) && scale_n == n &&
-         (per_id || (static_cast<int64_t>(seg.element_count()) == n && IsIdType(seg.element_type())));
-}
-
 GradArgs MakeGradArgs(const ffi::AnyBuffer& grads, const ffi::AnyBuffer& seg, bool per_id,
                       const float* scale) {
   return GradArgs{grads.untyped_data(), grads.element_type() == ffi::DataType::BF16,
@@ -128,21 +121,18 @@ ffi::Error SparseGradCudaImpl(cudaStream_t stream, ffi::AnyBuffer grads, ffi::An
                               ffi::Result<ffi::Buffer<ffi::F32>> row_grads,
                               ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
                               ffi::Result<ffi::AnyBuffer> workspace, int64_t per_id) {
-  if (!CheckGradOperands(grads, ids, seg, static_cast<int64_t>(scale.element_count()), per_id) ||
-      unique_rows->element_type() != ids.element_type() ||
-      row_grads->dimensions().size() != 2 || row_grads->dimensions()[1] != grads.dimensions()[1]) {
-    return InvalidArgument("sparse_grad: bad operands");
-  }
+  ffi::Error err =
+      CheckSparseGrad(grads, ids, seg, scale, *unique_rows, *row_grads, per_id != 0);
+  if (err.failure()) return err;
   const bool ids64 = ids.element_type() == ffi::DataType::S64;
   const int64_t cap = static_cast<int64_t>(unique_rows->element_count());
   DedupView v;
-  ffi::Error err = RunDedup(stream, ids.untyped_data(), ids64, ids.element_count(),
-                            workspace->untyped_data(), workspace->size_bytes(),
-                            num_unique->typed_data(), &v);
+  err = RunDedup(stream, ids.untyped_data(), ids64, ids.element_count(),
+                 workspace->untyped_data(), workspace->size_bytes(), num_unique->typed_data(), &v);
   if (err.failure()) return err;
   GradArgs g = MakeGradArgs(grads, seg, per_id != 0, scale.typed_data());
-  SparseGradKernel<<<GridFor(cap, 8), 256, 0, stream>>>(v, ids64, g, cap, unique_rows->untyped_data(),
-                                                        row_grads->typed_data());
+  SparseGradKernel<<<GridFor(cap, 8), 256, 0, stream>>>(
+      v, ids64, g, cap, unique_rows->untyped_data(), row_grads->typed_data());
   return CudaStatus("sparse_grad");
 }
 
@@ -153,35 +143,28 @@ ffi::Error SparseGradUpdateCudaImpl(
     ffi::Result<ffi::AnyBuffer> table_out, ffi::Result<ffi::Buffer<ffi::F32>> slot_a_out,
     ffi::Result<ffi::Buffer<ffi::F32>> slot_b_out, ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
     ffi::Result<ffi::AnyBuffer> workspace, int64_t optimizer, int64_t per_id) {
-  auto td = table.dimensions();
-  if (td.size() != 2 || grads.dimensions().size() != 2 || grads.dimensions()[1] != td[1] ||
-      !CheckGradOperands(grads, ids, seg, static_cast<int64_t>(scale.element_count()), per_id) ||
-      optimizer < kDevSgd || optimizer > kDevAdam) {
-    return InvalidArgument("sparse_grad_update: bad operands");
-  }
+  ffi::Error err = CheckSparseGradUpdate(table, slot_a, slot_b, grads, ids, seg, scale, hparams,
+                                         optimizer, per_id != 0);
+  if (err.failure()) return err;
   // Outputs alias inputs (input_output_aliases); copy on the stream if XLA did not alias.
   CopyIfNotAliasedAsync(table_out->untyped_data(), table.untyped_data(), table.size_bytes(), stream);
   CopyIfNotAliasedAsync(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes(), stream);
   CopyIfNotAliasedAsync(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes(), stream);
   const bool ids64 = ids.element_type() == ffi::DataType::S64;
   DedupView v;
-  ffi::Error err = RunDedup(stream, ids.untyped_data(), ids64, ids.element_count(),
-                            workspace->untyped_data(), workspace->size_bytes(),
-                            num_unique->typed_data(), &v);
+  err = RunDedup(stream, ids.untyped_data(), ids64, ids.element_count(),
+                 workspace->untyped_data(), workspace->size_bytes(), num_unique->typed_data(), &v);
   if (err.failure()) return err;
   GradArgs g = MakeGradArgs(grads, seg, per_id != 0, scale.typed_data());
   const unsigned grid = GridFor(static_cast<int64_t>(ids.element_count()), 8);
-  if (table.element_type() == ffi::DataType::F32) {
-    SparseGradUpdateKernel<float><<<grid, 256, 0, stream>>>(
-        v, ids64, g, static_cast<float*>(table_out->untyped_data()), slot_a_out->typed_data(),
-        slot_b_out->typed_data(), td[0], optimizer, hparams.typed_data());
-  } else if (table.element_type() == ffi::DataType::BF16) {
-    SparseGradUpdateKernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(
-        v, ids64, g, static_cast<__nv_bfloat16*>(table_out->untyped_data()),
-        slot_a_out->typed_data(), slot_b_out->typed_data(), td[0], optimizer, hparams.typed_data());
-  } else {
-    return InvalidArgument("sparse_grad_update: table must be float32 or bfloat16");
-  }
+  err = DispatchFloat<DevBf16>("sparse_grad_update", "table", table.element_type(), [&](auto tag) {
+    using T = EMBARK_TYPE(tag);
+    SparseGradUpdateKernel<T><<<grid, 256, 0, stream>>>(
+        v, ids64, g, static_cast<T*>(table_out->untyped_data()), slot_a_out->typed_data(),
+        slot_b_out->typed_data(), table.dimensions()[0], static_cast<Optimizer>(optimizer),
+        hparams.typed_data());
+  });
+  if (err.failure()) return err;
   return CudaStatus("sparse_grad_update");
 }
 

@@ -1,5 +1,6 @@
 // Fused in-place sparse optimizer update on CUDA: one warp per (unique) row, outputs alias
 // the inputs. Rows < 0 or >= V are padding.
+#include "embark_operands.h"
 #include "kernels.h"
 #include "optim.cuh"
 
@@ -9,7 +10,7 @@ namespace {
 template <typename T>
 __global__ void SparseUpdateKernel(T* table, float* sa, float* sb, const void* rows, bool rows64,
                                    const float* grads, int64_t vocab, int64_t d, int64_t c,
-                                   int64_t opt, const float* hp) {
+                                   Optimizer opt, const float* hp) {
   const int lane = threadIdx.x & 31;
   const Hparams h = LoadHparams(hp);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
@@ -19,7 +20,7 @@ __global__ void SparseUpdateKernel(T* table, float* sa, float* sb, const void* r
     if (r < 0 || r >= vocab) continue;
     const float* g = grads + k * d;
     float step = 0.0f;
-    if (opt == kDevRowWiseAdagrad) {
+    if (opt == Optimizer::ROW_WISE_ADAGRAD) {
       float sq = 0.0f;
       for (int64_t j = lane; j < d; j += 32) sq += g[j] * g[j];
       step = RowWiseStep(sa, r, sq, d, h);
@@ -35,31 +36,22 @@ ffi::Error SparseUpdateCudaImpl(cudaStream_t stream, ffi::AnyBuffer table,
                                 ffi::Result<ffi::AnyBuffer> table_out,
                                 ffi::Result<ffi::Buffer<ffi::F32>> slot_a_out,
                                 ffi::Result<ffi::Buffer<ffi::F32>> slot_b_out, int64_t optimizer) {
-  auto td = table.dimensions();
-  auto gd = grads.dimensions();
-  if (td.size() != 2 || gd.size() != 2 || gd[1] != td[1] || !IsIdType(rows.element_type()) ||
-      static_cast<int64_t>(rows.element_count()) != gd[0] || optimizer < kDevSgd ||
-      optimizer > kDevAdam) {
-    return InvalidArgument("sparse_update: bad operands");
-  }
+  ffi::Error err = CheckSparseUpdate(table, slot_a, slot_b, rows, grads, hparams, optimizer);
+  if (err.failure()) return err;
   CopyIfNotAliasedAsync(table_out->untyped_data(), table.untyped_data(), table.size_bytes(), stream);
   CopyIfNotAliasedAsync(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes(), stream);
   CopyIfNotAliasedAsync(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes(), stream);
   const bool rows64 = rows.element_type() == ffi::DataType::S64;
-  const unsigned grid = GridFor(gd[0], 8);
-  if (table.element_type() == ffi::DataType::F32) {
-    SparseUpdateKernel<float><<<grid, 256, 0, stream>>>(
-        static_cast<float*>(table_out->untyped_data()), slot_a_out->typed_data(),
-        slot_b_out->typed_data(), rows.untyped_data(), rows64, grads.typed_data(), td[0], td[1],
-        gd[0], optimizer, hparams.typed_data());
-  } else if (table.element_type() == ffi::DataType::BF16) {
-    SparseUpdateKernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(
-        static_cast<__nv_bfloat16*>(table_out->untyped_data()), slot_a_out->typed_data(),
-        slot_b_out->typed_data(), rows.untyped_data(), rows64, grads.typed_data(), td[0], td[1],
-        gd[0], optimizer, hparams.typed_data());
-  } else {
-    return InvalidArgument("sparse_update: table must be float32 or bfloat16");
-  }
+  const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];
+  const int64_t c = grads.dimensions()[0];
+  err = DispatchFloat<DevBf16>("sparse_update", "table", table.element_type(), [&](auto tag) {
+    using T = EMBARK_TYPE(tag);
+    SparseUpdateKernel<T><<<GridFor(c, 8), 256, 0, stream>>>(
+        static_cast<T*>(table_out->untyped_data()), slot_a_out->typed_data(),
+        slot_b_out->typed_data(), rows.untyped_data(), rows64, grads.typed_data(), vocab, d, c,
+        static_cast<Optimizer>(optimizer), hparams.typed_data());
+  });
+  if (err.failure()) return err;
   return CudaStatus("sparse_update");
 }
 

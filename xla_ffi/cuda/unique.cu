@@ -1,6 +1,7 @@
 // Dedup on CUDA (CUB radix sort in the workspace): sorted unique ids, inverse, counts and the
 // true distinct count (overflow = num_unique - capacity, reported by the caller).
 #include "dedup.cuh"
+#include "embark_operands.h"
 #include "kernels.h"
 
 namespace embark {
@@ -30,15 +31,14 @@ ffi::Error UniqueCudaImpl(cudaStream_t stream, ffi::AnyBuffer ids,
                           ffi::Result<ffi::Buffer<ffi::S32>> counts,
                           ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
                           ffi::Result<ffi::AnyBuffer> workspace) {
-  if (!IsIdType(ids.element_type()) || unique->element_type() != ids.element_type()) {
-    return InvalidArgument("unique: ids must be int32 or int64 and unique_ids of the same type");
-  }
+  ffi::Error err = CheckUnique(ids, *unique, *inverse, *counts);
+  if (err.failure()) return err;
   const int64_t n = static_cast<int64_t>(ids.element_count());
   const int64_t cap = static_cast<int64_t>(unique->element_count());
   const bool ids64 = ids.element_type() == ffi::DataType::S64;
   DedupView v;
-  ffi::Error err = RunDedup(stream, ids.untyped_data(), ids64, n, workspace->untyped_data(),
-                            workspace->size_bytes(), num_unique->typed_data(), &v);
+  err = RunDedup(stream, ids.untyped_data(), ids64, n, workspace->untyped_data(),
+                 workspace->size_bytes(), num_unique->typed_data(), &v);
   if (err.failure()) return err;
   const int64_t work = n > cap ? n : cap;
   UniqueOutputs<<<GridFor(work, 256), 256, 0, stream>>>(v, ids64, n, cap, unique->untyped_data(),

@@ -1,37 +1,30 @@
 // The sparse optimizers' per-row math on the CPU, shared by sparse_update and the fused
-// backward + update kernel. hp = [lr, eps, b1, b2] (Adam's bias corrections folded in).
+// backward + update kernel. The optimizer ids, the slot layout and the hparams layout are the
+// ABI's (embark_abi.h); Adam's bias corrections arrive folded into lr and eps.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
+#include "embark_abi.h"
 #include "embark_ffi.h"
 
 namespace embark {
 
-enum Optimizer : int64_t { kSgd = 0, kAdagrad = 1, kRowWiseAdagrad = 2, kAdam = 3 };
-
-inline bool ValidOptimizer(int64_t opt) { return opt >= kSgd && opt <= kAdam; }
-
-// Number of float32 slot elements the optimizer needs in slot a / slot b for a [V, D] table.
-inline int64_t SlotAElements(int64_t opt, int64_t vocab, int64_t d) {
-  return opt == kAdagrad || opt == kAdam ? vocab * d : opt == kRowWiseAdagrad ? vocab : 0;
-}
-inline int64_t SlotBElements(int64_t opt, int64_t vocab, int64_t d) {
-  return opt == kAdam ? vocab * d : 0;
-}
+using abi::Optimizer;
 
 // Applies one optimizer step to row r of the table with gradient g[0..d).
 template <typename T>
-inline void ApplyRow(int64_t opt, T* table, float* sa, float* sb, int64_t r, const float* g,
-                     int64_t d, const float* hp) {
-  const float lr = hp[0], eps = hp[1], b1 = hp[2], b2 = hp[3];
+inline void ApplyRow(Optimizer opt, T* table, float* sa, float* sb, int64_t r, const float* g,
+                     int64_t d, const abi::Hparams& h) {
+  const float lr = h.lr, eps = h.eps, b1 = h.b1, b2 = h.b2;
   T* w = table + r * d;
   switch (opt) {
-    case kSgd:
+    case Optimizer::SGD:
       for (int64_t j = 0; j < d; ++j) Elem<T>::Store(w, j, Elem<T>::Load(w, j) - lr * g[j]);
       break;
-    case kAdagrad: {
+    case Optimizer::ADAGRAD: {
       float* a = sa + r * d;
       for (int64_t j = 0; j < d; ++j) {
         a[j] += g[j] * g[j];
@@ -39,7 +32,7 @@ inline void ApplyRow(int64_t opt, T* table, float* sa, float* sb, int64_t r, con
       }
       break;
     }
-    case kRowWiseAdagrad: {
+    case Optimizer::ROW_WISE_ADAGRAD: {
       float sq = 0.0f;
       for (int64_t j = 0; j < d; ++j) sq += g[j] * g[j];
       sa[r] += sq / static_cast<float>(d);
@@ -47,7 +40,7 @@ inline void ApplyRow(int64_t opt, T* table, float* sa, float* sb, int64_t r, con
       for (int64_t j = 0; j < d; ++j) Elem<T>::Store(w, j, Elem<T>::Load(w, j) - step * g[j]);
       break;
     }
-    case kAdam: {
+    case Optimizer::ADAM: {
       float* m = sa + r * d;
       float* v = sb + r * d;
       for (int64_t j = 0; j < d; ++j) {

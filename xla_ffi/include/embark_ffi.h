@@ -31,6 +31,9 @@ inline uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
+// How the CPU kernels store a bfloat16 (the Bf16 argument of DispatchFloat on the CPU).
+using HostBf16 = uint16_t;
+
 // Element access for the float types a kernel accepts: float (F32) or bf16 stored as uint16.
 template <typename T>
 struct Elem;

@@ -1,0 +1,82 @@
+"""The kernel ABI, mirrored from `xla_ffi/include/embark_abi.h`.
+
+The header is the source of truth: it defines the combiner and optimizer ids, the layout of
+the optimizers' hyper-parameter vector and the FFI target names, and generates the native
+handlers' registrations from them. This module repeats those values for Python, because
+Python must name them without loading the native extension; `tests/test_abi.py` parses the
+header and fails if a name or a value here differs. Change both together (BUILD.md, "The
+kernel ABI").
+
+Plain Python (no JAX, no native code), so reading it costs nothing beyond
+`import embark_jax.ops`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "HPARAM_COUNT",
+    "SLOT_FOOTPRINT",
+    "TARGETS",
+    "CombinerId",
+    "Hparam",
+    "OptimizerId",
+    "Target",
+]
+
+
+class CombinerId(enum.IntEnum):
+    """The `combiner` attribute of `embark_lookup_pool` (`EMBARK_ABI_COMBINERS`)."""
+
+    SUM = 0
+    MEAN = 1
+    SQRTN = 2
+    NONE = 3
+
+
+class OptimizerId(enum.IntEnum):
+    """The `optimizer` attribute of the update kernels (`EMBARK_ABI_OPTIMIZERS`)."""
+
+    SGD = 0
+    ADAGRAD = 1
+    ROW_WISE_ADAGRAD = 2
+    ADAM = 3
+
+
+# (float32 slots per table element, float32 slots per row) of each optimizer: the kernels
+# size and lay out their two slot operands from it (`EMBARK_ABI_OPTIMIZERS`).
+SLOT_FOOTPRINT: dict[OptimizerId, tuple[int, int]] = {
+    OptimizerId.SGD: (0, 0),
+    OptimizerId.ADAGRAD: (1, 0),
+    OptimizerId.ROW_WISE_ADAGRAD: (0, 1),
+    OptimizerId.ADAM: (2, 0),
+}
+
+
+class Hparam(enum.IntEnum):
+    """Index of each entry of the optimizers' float32 `hparams` operand
+    (`EMBARK_ABI_HPARAMS`); Adam's bias corrections are folded into LR and EPS."""
+
+    LR = 0
+    EPS = 1
+    B1 = 2
+    B2 = 3
+
+
+HPARAM_COUNT = len(Hparam)
+
+
+class Target(enum.StrEnum):
+    """The FFI targets, registered under these names on every platform
+    (`EMBARK_ABI_TARGETS`: entry `name` is target `embark_<name>`)."""
+
+    SEGMENT_SUM = "embark_segment_sum"
+    LOOKUP_POOL = "embark_lookup_pool"
+    UNIQUE = "embark_unique"
+    SPARSE_GRAD = "embark_sparse_grad"
+    SPARSE_UPDATE = "embark_sparse_update"
+    SPARSE_GRAD_UPDATE = "embark_sparse_grad_update"
+
+
+TARGETS: tuple[str, ...] = tuple(t.value for t in Target)

@@ -1,0 +1,148 @@
+// The operand contract of each FFI target, checked by its CPU and its CUDA handler alike: one
+// function per target, so both backends accept exactly the same calls and reject a bad one
+// with the same message (kernel, operand, expected shape/dtype, actual). Checks that only
+// one backend needs (e.g. the size of a CUDA workspace) stay in that backend.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "embark_abi.h"
+#include "embark_check.h"
+#include "embark_ffi.h"
+
+namespace embark {
+
+using F32Buffer = ffi::Buffer<ffi::F32>;
+using S32Buffer = ffi::Buffer<ffi::S32>;
+
+// embark_segment_sum: values [N, D] f32/bf16, segment_ids [N] int, output [S, D] as values.
+inline ffi::Error CheckSegmentSum(const ffi::AnyBuffer& values, const ffi::AnyBuffer& seg,
+                                  const ffi::AnyBuffer& out) {
+  Check c("segment_sum");
+  c.Rank("values", values, 2, "[N, D]").Rank("output", out, 2, "[S, D]");
+  if (c.failed()) return c.error();
+  c.Count("segment_ids", seg, values.dimensions()[0], "[N], one per row of values")
+      .IdType("segment_ids", seg.element_type())
+      .Dim("output", out, 1, values.dimensions()[1], "D, the width of values")
+      .FloatType("values", values.element_type())
+      .Type("output", out.element_type(), values.element_type(), "the dtype of values");
+  return c.failed() ? c.error() : ffi::Error::Success();
+}
+
+// embark_lookup_pool: table [V, D] and output [S, D] (or [N, D] for NONE) f32/bf16; ids,
+// segment_ids [N] int; weights [N] f32; an ABI combiner id.
+inline ffi::Error CheckLookupPool(const ffi::AnyBuffer& table, const ffi::AnyBuffer& ids,
+                                  const ffi::AnyBuffer& seg, const ffi::AnyBuffer& weights,
+                                  const ffi::AnyBuffer& out, int64_t combiner) {
+  const int64_t n = static_cast<int64_t>(ids.element_count());
+  Check c("lookup_pool");
+  c.Rank("table", table, 2, "[V, D]").Rank("output", out, 2, "[S, D], or [N, D] for NONE");
+  if (c.failed()) return c.error();
+  c.Dim("output", out, 1, table.dimensions()[1], "D, the table's width")
+      .Count("segment_ids", seg, n, "[N], one per id")
+      .Count("weights", weights, n, "[N], one per id")
+      .IdType("ids", ids.element_type())
+      .IdType("segment_ids", seg.element_type())
+      .Type("weights", weights.element_type(), ffi::DataType::F32)
+      .FloatType("table", table.element_type())
+      .FloatType("output", out.element_type())
+      .Attr("combiner", combiner, abi::kCombinerNames, abi::kNumCombiners);
+  if (combiner == static_cast<int64_t>(abi::Combiner::NONE)) {
+    c.Dim("output", out, 0, n, "N: combiner NONE gives a row per id");
+  }
+  return c.failed() ? c.error() : ffi::Error::Success();
+}
+
+// embark_unique: ids [N] int; unique_ids [C] as ids; inverse [N]; counts [C].
+inline ffi::Error CheckUnique(const ffi::AnyBuffer& ids, const ffi::AnyBuffer& unique,
+                              const S32Buffer& inverse, const S32Buffer& counts) {
+  Check c("unique");
+  c.IdType("ids", ids.element_type())
+      .Type("unique_ids", unique.element_type(), ids.element_type(), "the dtype of ids")
+      .Count("inverse", inverse, static_cast<int64_t>(ids.element_count()), "[N], one per id")
+      .Count("counts", counts, static_cast<int64_t>(unique.element_count()),
+             "[C], as unique_ids");
+  return c.failed() ? c.error() : ffi::Error::Success();
+}
+
+// The gradient operands shared by sparse_grad and sparse_grad_update: grads [S, D] f32/bf16
+// of width d, ids [N] int, scale [N], and segment_ids [N] int unless per_id.
+inline void CheckGradOperands(Check& c, const ffi::AnyBuffer& grads, const ffi::AnyBuffer& ids,
+                              const ffi::AnyBuffer& seg, const F32Buffer& scale, bool per_id,
+                              int64_t d, const char* d_is) {
+  const int64_t n = static_cast<int64_t>(ids.element_count());
+  c.Rank("grads", grads, 2, "[S, D]")
+      .Dim("grads", grads, 1, d, d_is)
+      .FloatType("grads", grads.element_type())
+      .IdType("ids", ids.element_type())
+      .Count("scale", scale, n, "[N], one per id");
+  if (!per_id) {
+    c.Count("segment_ids", seg, n, "[N], one per id").IdType("segment_ids", seg.element_type());
+  }
+}
+
+// embark_sparse_grad: the gradient operands; unique_rows [C] as ids; row_grads [C, D].
+inline ffi::Error CheckSparseGrad(const ffi::AnyBuffer& grads, const ffi::AnyBuffer& ids,
+                                  const ffi::AnyBuffer& seg, const F32Buffer& scale,
+                                  const ffi::AnyBuffer& unique_rows, const F32Buffer& row_grads,
+                                  bool per_id) {
+  Check c("sparse_grad");
+  c.Rank("row_grads", row_grads, 2, "[C, D]");
+  if (c.failed()) return c.error();
+  CheckGradOperands(c, grads, ids, seg, scale, per_id, row_grads.dimensions()[1],
+                    "D, the width of row_grads");
+  c.Dim("row_grads", row_grads, 0, static_cast<int64_t>(unique_rows.element_count()),
+        "C, the capacity of unique_rows")
+      .Type("unique_rows", unique_rows.element_type(), ids.element_type(), "the dtype of ids");
+  return c.failed() ? c.error() : ffi::Error::Success();
+}
+
+// The optimizer operands of sparse_update and sparse_grad_update: table [V, D] f32/bf16, an
+// ABI optimizer id, a full hparams vector, and slots large enough for the table.
+inline void CheckOptimizerOperands(Check& c, const ffi::AnyBuffer& table, const F32Buffer& slot_a,
+                                   const F32Buffer& slot_b, const F32Buffer& hparams,
+                                   int64_t optimizer) {
+  c.Rank("table", table, 2, "[V, D]")
+      .FloatType("table", table.element_type())
+      .Attr("optimizer", optimizer, abi::kOptimizerNames, abi::kNumOptimizers)
+      .MinCount("hparams", hparams, abi::kNumHparams, "one per ABI hyper-parameter");
+  if (c.failed()) return;
+  const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];
+  const std::string why = std::string(abi::kOptimizerNames[optimizer]) + " on a [" +
+                          std::to_string(vocab) + ", " + std::to_string(d) + "] table";
+  c.MinCount("slot_a", slot_a, abi::SlotElements(optimizer, 0, vocab, d), why)
+      .MinCount("slot_b", slot_b, abi::SlotElements(optimizer, 1, vocab, d), why);
+}
+
+// embark_sparse_update: the optimizer operands; rows [C] int; grads [C, D] f32.
+inline ffi::Error CheckSparseUpdate(const ffi::AnyBuffer& table, const F32Buffer& slot_a,
+                                    const F32Buffer& slot_b, const ffi::AnyBuffer& rows,
+                                    const F32Buffer& grads, const F32Buffer& hparams,
+                                    int64_t optimizer) {
+  Check c("sparse_update");
+  CheckOptimizerOperands(c, table, slot_a, slot_b, hparams, optimizer);
+  if (c.failed()) return c.error();
+  c.Rank("grads", grads, 2, "[C, D]")
+      .Dim("grads", grads, 1, table.dimensions()[1], "D, the table's width")
+      .IdType("rows", rows.element_type());
+  if (c.failed()) return c.error();
+  c.Count("rows", rows, grads.dimensions()[0], "[C], one per row of grads");
+  return c.failed() ? c.error() : ffi::Error::Success();
+}
+
+// embark_sparse_grad_update: the optimizer and the gradient operands.
+inline ffi::Error CheckSparseGradUpdate(const ffi::AnyBuffer& table, const F32Buffer& slot_a,
+                                        const F32Buffer& slot_b, const ffi::AnyBuffer& grads,
+                                        const ffi::AnyBuffer& ids, const ffi::AnyBuffer& seg,
+                                        const F32Buffer& scale, const F32Buffer& hparams,
+                                        int64_t optimizer, bool per_id) {
+  Check c("sparse_grad_update");
+  CheckOptimizerOperands(c, table, slot_a, slot_b, hparams, optimizer);
+  if (c.failed()) return c.error();
+  CheckGradOperands(c, grads, ids, seg, scale, per_id, table.dimensions()[1],
+                    "D, the table's width");
+  return c.failed() ? c.error() : ffi::Error::Success();
+}
+
+}  // namespace embark
