@@ -16,7 +16,8 @@ from embark_jax.data.synthetic import SyntheticDataset
 from embark_jax.ops import optimizers as O
 from embark_jax.sharding.collection import CapacityOverflowError
 from embark_jax.training import checkpoint as ckpt
-from embark_jax.training.loop import CheckpointEvery, fit
+from embark_jax.training.checkpoint import CheckpointEvery
+from embark_jax.training.loop import fit
 from embark_jax.training.models import DenseConfig
 from embark_jax.training.runner import NonFiniteLossError, StepRunner
 from embark_jax.training.state import create

@@ -187,7 +187,8 @@ def _maybe_resume(args, runner, state, say):
 
 def _callbacks(args, runner, start, lead):
 
-    from embark_jax.training.loop import CheckpointEvery, ExitAtStep, Progress
+    from embark_jax.training.callbacks import ExitAtStep, Progress
+    from embark_jax.training.checkpoint import CheckpointEvery
 
     cbs = []
     if args.debug_exit_at:

@@ -36,11 +36,14 @@ from jax.experimental import multihost_utils
 
 from embark_jax.core.plan import Plan
 from embark_jax.sharding.lowering import Lowered
+from embark_jax.training.loop import CallbackBase
+from embark_jax.training.runner import StepRunner
 from embark_jax.training.state import TrainSetup, TrainState, init_slots
 from embark_jax.training.table_io import table_arrays, write_table
 
 __all__ = [
     "FORMAT",
+    "CheckpointEvery",
     "PendingSave",
     "export_table",
     "import_table",
@@ -298,3 +301,44 @@ def import_table(setup: TrainSetup, state: TrainState, name: str, path: str) -> 
     slots = {**state.slots, group: jax.tree.map(jnp.copy, state.slots[group])}
     write_table(lowered, name, arrays, tables, slots)
     return state.replace(tables=tables, slots=slots)
+
+
+# --- the fit loop's checkpoint callback ----------------------------------------------
+
+
+class CheckpointEvery(CallbackBase):
+    """Saves a checkpoint every `every` steps and after the last one (asynchronously with
+    `async_save`: one save in flight at a time). `last_saved` is the newest complete save."""
+
+    def __init__(
+        self,
+        directory: str,
+        runner: StepRunner,
+        every: int,
+        last_step: int,
+        *,
+        async_save: bool = False,
+    ):
+        self.directory, self.runner, self.every = directory, runner, every
+        self.last_step, self.async_save = last_step, async_save
+        self.last_saved: str | None = None
+        self._pending: PendingSave | None = None
+
+    def on_step_end(self, step, state, result):
+        position = step + 1
+        if position % self.every and position != self.last_step:
+            return
+        self._settle()
+        setup = self.runner.setup
+        if self.async_save:
+            self._pending = save_async(self.directory, setup, state, data_position=position)
+        else:
+            self.last_saved = save(self.directory, setup, state, data_position=position)
+
+    def _settle(self) -> None:
+        if self._pending is not None:
+            self.last_saved = self._pending.wait()
+            self._pending = None
+
+    def on_end(self, state):
+        self._settle()

@@ -1,42 +1,33 @@
-"""The fit loop and its callbacks.
+"""The fit loop.
 
 `fit` runs steps and calls callbacks around them; everything optional (progress output,
-checkpoints, fault injection for tests) is a callback, so the loop stays a loop. Callbacks
-see the state the step returned; they must not keep it past the call (the next step donates
-it), except by copying (as the asynchronous checkpoint does).
+checkpoints, fault injection for tests: `embark_jax.training.callbacks`,
+`embark_jax.training.checkpoint.CheckpointEvery`) is a callback, so the loop stays a loop.
+Callbacks see the state the step returned; they must not keep it past the call (the next
+step donates it), except by copying (as the asynchronous checkpoint does). A callback that
+saves checkpoints exposes `last_saved` (the newest complete one), which a NaN/inf loss
+error names.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import jax
 import numpy as np
 
-from embark_jax.training import checkpoint
 from embark_jax.training.metrics import StreamingAUC
 from embark_jax.training.runner import NonFiniteLossError, StepResult, StepRunner
 from embark_jax.training.state import TrainState
 
-__all__ = ["Callback", "CheckpointEvery", "ExitAtStep", "FitSummary", "Progress", "fit"]
+__all__ = ["Callback", "CallbackBase", "FitSummary", "fit"]
 
 
-class Callback(Protocol):
-    """Hooks around each step; `step` is the global data position (batch number)."""
+class CallbackBase:
+    """A callback that does nothing; subclass it and override what you need."""
 
-    def on_step_start(self, step: int) -> None: ...
-
-    def on_step_end(self, step: int, state: TrainState, result: StepResult) -> None: ...
-
-    def on_end(self, state: TrainState) -> None: ...
-
-
-class _Base:
     def on_step_start(self, step: int) -> None:
         pass
 
@@ -47,85 +38,14 @@ class _Base:
         pass
 
 
-class Progress(_Base):
-    """A progress line every `every` steps: loss, samples/s (after the compiling step)."""
+class Callback(Protocol):
+    """Hooks around each step; `step` is the global data position (batch number)."""
 
-    def __init__(self, total: int, batch_size: int, start: int = 0, every: int = 10, out=None):
-        self.total, self.batch_size, self.start, self.every = total, batch_size, start, every
-        self.out = out or sys.stdout
-        self.losses: list[float] = []
-        self.t0 = time.perf_counter()
-        self.first: float | None = None
+    def on_step_start(self, step: int) -> None: ...
 
-    def on_step_end(self, step, state, result):
-        self.losses.append(result.loss)
-        done = len(self.losses)
-        if done == 1:
-            self.first = time.perf_counter()  # the first step includes compilation
-        if done % self.every and done != self.total:
-            return
-        elapsed = time.perf_counter() - (self.first if done > 1 else self.t0)
-        sps = (done - 1) * self.batch_size / elapsed if done > 1 else 0.0
-        bar = "#" * int(30 * done / self.total)
-        self.out.write(
-            f"\r[{bar:<30s}] step {self.start + done:6d}/{self.start + self.total}  loss "
-            f"{np.mean(self.losses[-self.every :]):.4f}  {sps:9.0f} samples/s"
-        )
-        self.out.write("\n" if not self.out.isatty() or done == self.total else "")
-        self.out.flush()
+    def on_step_end(self, step: int, state: TrainState, result: StepResult) -> None: ...
 
-
-class CheckpointEvery(_Base):
-    """Saves a checkpoint every `every` steps and after the last one (asynchronously with
-    `async_save`: one save in flight at a time). `last` is the newest complete save."""
-
-    def __init__(
-        self,
-        directory: str,
-        runner: StepRunner,
-        every: int,
-        last_step: int,
-        *,
-        async_save: bool = False,
-    ):
-        self.directory, self.runner, self.every = directory, runner, every
-        self.last_step, self.async_save = last_step, async_save
-        self.last: str | None = None
-        self._pending: checkpoint.PendingSave | None = None
-
-    def on_step_end(self, step, state, result):
-        position = step + 1
-        if position % self.every and position != self.last_step:
-            return
-        self._settle()
-        setup = self.runner.setup
-        if self.async_save:
-            self._pending = checkpoint.save_async(
-                self.directory, setup, state, data_position=position
-            )
-        else:
-            self.last = checkpoint.save(self.directory, setup, state, data_position=position)
-
-    def _settle(self) -> None:
-        if self._pending is not None:
-            self.last = self._pending.wait()
-            self._pending = None
-
-    def on_end(self, state):
-        self._settle()
-
-
-class ExitAtStep(_Base):
-    """Fault injection for tests: process `process` dies abruptly (exit code 3) before data
-    position `step`, as a crashed host would."""
-
-    def __init__(self, process: int, step: int):
-        self.process, self.step = process, step
-
-    def on_step_start(self, step):
-        if jax.process_index() == self.process and step == self.step:
-            sys.stdout.flush()
-            os._exit(3)
+    def on_end(self, state: TrainState) -> None: ...
 
 
 @dataclasses.dataclass
@@ -160,7 +80,7 @@ def fit(
         try:
             state, result = runner.step(state, dataset.batch(position))
         except NonFiniteLossError as e:
-            saved = [cb.last for cb in callbacks if isinstance(cb, CheckpointEvery)]
+            saved = [getattr(cb, "last_saved", None) for cb in callbacks]
             last = next((s for s in saved if s), None)
             raise NonFiniteLossError(f"{e}; last good checkpoint: {last or 'none saved'}") from e
         if i == 0:
