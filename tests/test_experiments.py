@@ -24,7 +24,8 @@ def test_training_benchmark_quick(tmp_path):
     from experiments.training.main import main as training_main
 
     out = tmp_path / "t.json"
-    rows = training_main(["--quick", "--out", str(out)])
+    # a preset topology: the plans do not depend on this machine's calibration
+    rows = training_main(["--quick", "--topology", "dgx-h100", "--out", str(out)])
     by_plan = {r["plan"]: r for r in rows}
     assert set(by_plan) == {"embark", "trw", "rw"}
     # what the compiled HLO decides deterministically: the planner's plan moves fewer
@@ -33,7 +34,7 @@ def test_training_benchmark_quick(tmp_path):
     assert not by_plan["embark"]["same_plan_as_trw"]
     for r in rows:
         assert r["step_ms_min"] <= r["step_ms_median"] and r["steps_timed"] == 2
-        assert r["predicted_step_ms"] > 0 and r["topology"]["num_nodes"] == 1
+        assert r["predicted_step_ms"] > 0 and r["topology"]["name"].startswith("dgx-h100")
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
 
 

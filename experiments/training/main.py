@@ -108,7 +108,7 @@ def _time_round_robin(contenders, steps):
     return times
 
 
-def bench_model(name, preset, max_vocab, max_hot, batch, steps, plans=PLANS):
+def bench_model(name, preset, max_vocab, max_hot, batch, steps, plans=PLANS, topology="local"):
     import jax
 
     from embark_jax.data.synthetic import SyntheticDataset
@@ -117,7 +117,7 @@ def bench_model(name, preset, max_vocab, max_hot, batch, steps, plans=PLANS):
 
     spec = capped_spec(preset, max_vocab, max_hot)
     config = spec.embedding_config()
-    hw = get_hardware("local", 1, len(jax.devices()))
+    hw = get_hardware(topology, 1, len(jax.devices()))
     ds = SyntheticDataset(config, batch_size=batch, seed=0)
     host = [ds.batch(i) for i in range(4)]
     contenders = {}
@@ -208,14 +208,20 @@ def main(argv=None):
     ap.add_argument("--out", default="results/training.json")
     ap.add_argument("--steps", type=int, default=20, help="timed rounds (one step per plan)")
     ap.add_argument("--quick", action="store_true", help="dcnv2-mini only, tiny (smoke test)")
+    ap.add_argument(
+        "--topology",
+        default="local",
+        help="hardware the planner prices: 'local' (this machine, calibrated once and cached) "
+        "or a preset such as dgx-h100 (machine-independent plans)",
+    )
     args = ap.parse_args(argv)
     initialize_from_env(default_cpu_devices=8)
     rows = []
     if args.quick:
-        rows += bench_model("dcnv2-mini", "dcnv2-mini", 500, 2, 64, 2)
+        rows += bench_model("dcnv2-mini", "dcnv2-mini", 500, 2, 64, 2, topology=args.topology)
     else:
         for name, (preset, v, h, b) in MODELS.items():
-            rows += bench_model(name, preset, v, h, b, args.steps)
+            rows += bench_model(name, preset, v, h, b, args.steps, topology=args.topology)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump({"rows": rows}, fh, indent=1)
