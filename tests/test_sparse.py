@@ -182,3 +182,28 @@ def test_validate_catches_inconsistent_lengths():
     ):
         bad.validate(CFG)
     sf.validate(CFG)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ({"b": None}, "feature 'a': lengths missing"),
+        ({"a": np.array([2, 0], np.int32)}, r"feature 'a': lengths shape \(2,\) != \(1,\)"),
+        ({"a": np.array([[2]], np.int32)}, r"feature 'a': lengths shape \(1, 1\) != \(1,\)"),
+        ({"a": np.array([2.0])}, "feature 'a': lengths must be integers, got dtype float64"),
+        ({"a": np.array([True])}, "feature 'a': lengths must be integers, got dtype bool"),
+    ],
+)
+def test_validate_rejects_missing_misshapen_or_float_lengths(lengths, message):
+    sf = SparseFeatures.from_dense(
+        {"a": np.array([[1, 2, -1]]), "b": np.array([[1, -1]])}, config=CFG
+    )
+    new = {"a": sf.lengths["a"], "b": sf.lengths["b"]}
+    for k, v in lengths.items():
+        if v is None:
+            new.pop("a")
+        else:
+            new[k] = v
+    bad = SparseFeatures(ids=sf.ids, lengths=new, weights=sf.weights)
+    with pytest.raises(ValueError, match=message):
+        bad.validate(CFG)

@@ -42,6 +42,9 @@ def test_feature_config_parses_combiner():
         ({"name": "f", "table": "t", "max_hotness": 0}, "feature 'f': max_hotness must be >= 1"),
         ({"name": "f", "table": "t", "combiner": "max"}, "feature 'f': unknown combiner 'max'"),
         ({"name": "f", "table": ""}, "feature 'f': table must be a table name"),
+        ({"name": "f", "table": "t", "weighted": "no"}, "feature 'f': weighted must be True or"),
+        ({"name": "f", "table": "t", "weighted": 1}, "feature 'f': weighted must be True or"),
+        ({"name": "f", "table": "t", "weighted": None}, "feature 'f': weighted must be True or"),
     ],
 )
 def test_feature_config_validation(kwargs, message):

@@ -3,6 +3,7 @@ localhost) against a 1-process 4-device run."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -41,8 +42,8 @@ def run(args, timeout=300, **env):
 
 @pytest.mark.slow
 def test_main_job_short(tmp_path):
-    out = tmp_path / "m.json"
-    r = run(["train", "--steps", "8", *SMALL, "--out", str(out)])
+    out, logs = tmp_path / "m.json", tmp_path / "logs"
+    r = run(["train", "--steps", "8", *SMALL, "--out", str(out), "--log-dir", str(logs)])
     assert r.returncode == 0, r.stdout + r.stderr
     m = json.loads(out.read_text())
     for key in ("eval_auc", "eval_logloss", "samples_per_s", "overflow", "comm_bytes_per_step"):
@@ -50,6 +51,10 @@ def test_main_job_short(tmp_path):
     assert m["devices"] == 8 and sum(m["overflow"].values()) == 0
     assert m["comm_bytes_per_step"]["total"] > 0
     assert "predicted step" in r.stdout and "samples/s" in r.stdout and "eval AUC" in r.stdout
+    assert "steps/s" in r.stdout and "left" in r.stdout and "train AUC (cumulative" in r.stdout
+    rows = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows[:8]] == list(range(1, 9)) and "eval_auc" in rows[-1]
+    assert len(list(logs.glob("events.out.tfevents.*"))) == 1
 
 
 @pytest.mark.slow
@@ -71,6 +76,9 @@ def test_two_processes_match_one_process(tmp_path):
         ]
     )
     assert r1.returncode == 0, r1.stdout + r1.stderr
+    # launch keeps the processes' output readable: no gloo notices, no empty prefixed lines
+    assert "[Gloo]" not in r1.stdout and "peer ranks" not in r1.stdout, r1.stdout
+    assert not re.search(r"^\[\d+\] *$", r1.stdout, re.M), r1.stdout
     r2 = run(["train", *common, "--devices", "4", "--out", str(b)])
     assert r2.returncode == 0, r2.stdout + r2.stderr
     multi, single = json.loads(a.read_text()), json.loads(b.read_text())

@@ -11,47 +11,101 @@ import os
 import sys
 import time
 
+from embark_jax.cli.errors import (
+    CLIError,
+    model_name,
+    models_help,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    topology_name,
+)
+from embark_jax.cli.train_checks import check_args, check_devices
+
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+DEFAULT_BATCH = 1024
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="dcnv2-mini", help="a planner preset (see `plan --help`)")
-    p.add_argument("--plan", default=None, help="plan JSON file (default: the planner's plan)")
+    p.add_argument("--model", type=model_name, default="dcnv2-mini", help=models_help())
+    p.add_argument(
+        "--plan",
+        default=None,
+        help="plan JSON file from `plan --out` (default: the planner's plan for this run)",
+    )
     p.add_argument(
         "--baseline",
         default=None,
         choices=("tw", "rw", "trw", "dp"),
-        help="use a baseline plan instead of the planner's",
+        help="use a baseline plan instead of the planner's (default: the planner's plan)",
     )
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=1024, help="global batch")
-    p.add_argument("--optimizer", default="adagrad", choices=OPTIMIZERS)
-    p.add_argument("--lr", type=float, default=0.05, help="sparse optimizer learning rate")
-    p.add_argument("--dense-lr", type=float, default=1e-3, help="dense Adam learning rate")
-    p.add_argument("--dense-net", default="mini", choices=("mini", "paper"))
-    p.add_argument("--model-kind", default="dcnv2", choices=("dcnv2", "dlrm"))
+    p.add_argument(
+        "--plan-out", default=None, help="write the plan used as JSON here (default: not written)"
+    )
+    p.add_argument("--steps", type=positive_int, default=200, help="training steps")
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="global batch, a multiple of the devices (default: the --plan file's batch, "
+        f"else {DEFAULT_BATCH})",
+    )
+    _add_model_args(p)
+    _add_output_args(p)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--optimizer", default="adagrad", choices=OPTIMIZERS, help="sparse optimizer")
+    p.add_argument("--lr", type=positive_float, default=0.05, help="sparse learning rate")
+    p.add_argument("--dense-lr", type=positive_float, default=1e-3, help="dense Adam rate")
+    p.add_argument("--dense-net", default="mini", choices=("mini", "paper"), help="MLP sizes")
+    p.add_argument("--model-kind", default="dcnv2", choices=("dcnv2", "dlrm"), help="dense model")
     p.add_argument(
         "--mixed-precision",
         action="store_true",
         help="bf16 activations and bf16 embedding communication (tables stay fp32)",
     )
-    p.add_argument("--nodes", type=int, default=1, help="mesh nodes (2-D mesh when > 1)")
-    p.add_argument("--devices", type=int, default=8, help="fake CPU devices when no GPU")
+    p.add_argument("--nodes", type=positive_int, default=1, help="mesh nodes (2-D mesh if > 1)")
+    p.add_argument(
+        "--devices", type=positive_int, default=8, help="fake CPU devices when there is no GPU"
+    )
     p.add_argument(
         "--topology",
+        type=topology_name,
         default=None,
-        help="hardware the planner prices (default: 'local' on CPU, 'h200' on GPU)",
+        help="hardware the planner prices (default: local on CPU, h200 on GPU)",
     )
-    p.add_argument("--max-hotness", type=int, default=None, help="cap every feature's hotness")
-    p.add_argument("--max-vocab", type=int, default=None, help="cap every table's vocabulary")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-batches", type=int, default=4)
-    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument(
+        "--max-hotness",
+        type=positive_int,
+        default=None,
+        help="cap every feature's hotness (default: no cap)",
+    )
+    p.add_argument(
+        "--max-vocab",
+        type=positive_int,
+        default=None,
+        help="cap every table's vocabulary (default: no cap)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
+    p.add_argument("--eval-batches", type=positive_int, default=4, help="held-out batches")
+    p.add_argument("--log-every", type=positive_int, default=10, help="steps per progress line")
+
+
+def _add_output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results/train_metrics.json", help="metrics JSON")
-    p.add_argument("--checkpoint-dir", default=None, help="save Orbax checkpoints here")
+    p.add_argument(
+        "--log-dir",
+        default=None,
+        help="write per-step metrics here: metrics.jsonl (JSON lines) and a TensorBoard "
+        "event file (`tensorboard --logdir DIR`) (default: none)",
+    )
+    p.add_argument(
+        "--checkpoint-dir", default=None, help="save Orbax checkpoints here (default: none)"
+    )
     p.add_argument(
         "--save-every",
-        type=int,
+        type=nonneg_int,
         default=0,
         help="steps between checkpoints (0: only at the end when --checkpoint-dir is set)",
     )
@@ -61,7 +115,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         help="restore the newest checkpoint in --checkpoint-dir (any plan or "
         "device count) and continue from its data position",
     )
-    p.add_argument("--overflow-policy", default="count", choices=("count", "error", "grow"))
+    p.add_argument(
+        "--overflow-policy",
+        default="count",
+        choices=("count", "error", "grow"),
+        help="what ids beyond a routing buffer's capacity do: counted, an error, or the "
+        "buffers grow",
+    )
     # fault injection for the multi-process tests: process P exits (code 3) before batch S
     p.add_argument("--debug-exit-at", default=None, metavar="P:S", help=argparse.SUPPRESS)
     p.add_argument(
@@ -108,12 +168,11 @@ def _broadcast_text(text: str) -> str:
     return bytes(np.asarray(multihost_utils.broadcast_one_to_all(buf))).decode()
 
 
-def _choose_plan(args, spec, hw):
-    from embark_jax.core.plan import Plan
+def _choose_plan(args, spec, hw, plan_file):
     from embark_jax.planner import baseline, evaluate, plan
 
-    if args.plan:
-        return evaluate(spec, Plan.from_json(args.plan), hw)
+    if plan_file is not None:
+        return evaluate(spec, plan_file, hw)
     if args.baseline:
         return baseline(spec, args.batch_size, hw, args.baseline)
     return plan(spec, args.batch_size, hw)
@@ -186,11 +245,10 @@ def _maybe_resume(args, runner, state, say):
 
 
 def _callbacks(args, runner, start, lead):
-
     from embark_jax.training.callbacks import ExitAtStep, Progress
     from embark_jax.training.checkpoint import CheckpointEvery
 
-    cbs = []
+    cbs, loggers = [], []
     if args.debug_exit_at:
         proc, at = (int(x) for x in args.debug_exit_at.split(":"))
         cbs.append(ExitAtStep(proc, at))
@@ -199,43 +257,72 @@ def _callbacks(args, runner, start, lead):
     if args.checkpoint_dir:
         import jax
 
-        cbs.append(
-            CheckpointEvery(
+        try:  # CheckpointEvery checks the directory is writable (checked before JAX too)
+            saver = CheckpointEvery(
                 args.checkpoint_dir,
                 runner,
                 args.save_every or args.steps,
                 start + args.steps,
                 async_save=args.async_checkpoint and jax.process_count() == 1,
             )
-        )
-    return cbs
+        except PermissionError as e:
+            raise CLIError(f"--checkpoint-dir: {e}") from None
+        cbs.append(saver)
+    if lead and args.log_dir:
+        from embark_jax.training.callbacks import JsonLinesLogger, TensorBoardLogger
+
+        jsonl = os.path.join(args.log_dir, "metrics.jsonl")
+        loggers = [
+            JsonLinesLogger(jsonl, args.batch_size, args.log_every),
+            TensorBoardLogger(args.log_dir, args.batch_size, args.log_every),
+        ]
+    return cbs + loggers, loggers
 
 
-def run_train(args) -> int:
+def _prepare(args):
+    """Devices, checks, model and plan: everything that can fail on a user mistake, before
+    anything is written. Returns (multi, g, spec, config, evaluation, say)."""
     from embark_jax.training.distributed import initialize_from_env
 
+    plan_file = check_args(args, DEFAULT_BATCH)
     multi = initialize_from_env(default_cpu_devices=args.devices)
     import jax
 
-    from embark_jax.data.synthetic import SyntheticDataset
+    from embark_jax.cli.plan import plan_notes
+    from embark_jax.core.plan import PlanError
     from embark_jax.planner import get_hardware, report
-    from embark_jax.training.loop import fit
 
     lead = jax.process_index() == 0
     say = print if lead else (lambda *a, **k: None)
     g = len(jax.devices())
-    if g % args.nodes:
-        say(f"error: {g} devices do not split into {args.nodes} nodes")
-        return 2
-    if args.resume and not args.checkpoint_dir:
-        say("error: --resume needs --checkpoint-dir")
-        return 2
+    check_devices(args, g, plan_file)
     spec = _model_spec(args)
-    config = spec.embedding_config()
     topology = args.topology or ("h200" if jax.default_backend() == "gpu" else "local")
     hw = get_hardware(topology, args.nodes, g // args.nodes)
-    ev = _agree_on_plan(_choose_plan(args, spec, hw), spec, hw)
-    say(report.summary(ev, max_tables=12, max_devices=8))
+    if plan_file is not None:
+        try:
+            plan_file.validate(spec.embedding_config())
+        except PlanError as e:
+            raise CLIError(f"--plan {args.plan!r} does not fit --model {args.model}: {e}") from None
+    ev = _agree_on_plan(_choose_plan(args, spec, hw, plan_file), spec, hw)
+    say(report.summary(ev, max_tables=12, max_devices=8).rstrip("\n"))
+    hint = None if args.plan_out else "--plan-out plan.json"
+    for line in plan_notes(ev, None, out_flag=hint, max_tables=12):
+        say(line)
+    return multi, g, spec, ev, say, lead
+
+
+def run_train(args) -> int:
+    multi, g, spec, ev, say, lead = _prepare(args)
+    import jax
+
+    from embark_jax.data.synthetic import SyntheticDataset
+    from embark_jax.training.loop import fit
+
+    config = spec.embedding_config()
+    if lead and args.plan_out:
+        ev.plan.to_json(args.plan_out)
+        say(f"wrote {args.plan_out}")
     runner, state = _build(args, config, ev.plan)
     ds = SyntheticDataset(config, batch_size=args.batch_size, seed=args.seed)
     state, start = _maybe_resume(args, runner, state, say)
@@ -244,10 +331,16 @@ def run_train(args) -> int:
         f"{jax.process_count()} process(es), sparse {args.optimizer} lr {args.lr}"
     )
     t0 = time.perf_counter()
-    callbacks = _callbacks(args, runner, start, lead)
+    callbacks, loggers = _callbacks(args, runner, start, lead)
     state, summary = fit(runner, state, ds, args.steps, start=start, callbacks=callbacks)
     ev_metrics = runner.evaluate(state, [ds.batch(10**7 + i) for i in range(args.eval_batches)])
-    comm_bytes = runner.comm_bytes_per_step(state, ds.batch(0))
+    for logger in loggers:
+        prefix = "eval/" if hasattr(logger, "writer") else "eval_"
+        logger.log_scalars(
+            start + args.steps,
+            {f"{prefix}auc": ev_metrics["auc"], f"{prefix}logloss": ev_metrics["logloss"]},
+        )
+        logger.close()
     result = {
         "model": args.model,
         "devices": g,
@@ -259,12 +352,12 @@ def run_train(args) -> int:
         "optimizer": args.optimizer,
         "eval_auc": ev_metrics["auc"],
         "eval_logloss": ev_metrics["logloss"],
-        "train_auc": summary.train_auc,
+        "train_auc": summary.train_auc,  # cumulative over all steps of this run
         "train_logloss": summary.train_logloss,
         "samples_per_s": summary.samples_per_s,
         "wall_s": time.perf_counter() - t0,
         "overflow": summary.overflow,
-        "comm_bytes_per_step": comm_bytes,
+        "comm_bytes_per_step": runner.comm_bytes_per_step(state, ds.batch(0)),
         "predicted_step_ms": ev.step_s * 1e3,
         "losses": summary.losses,
     }
@@ -274,13 +367,16 @@ def run_train(args) -> int:
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=1)
         say(f"wrote {args.out}")
+    if lead and args.log_dir:
+        say(f"wrote per-step metrics to {args.log_dir} (metrics.jsonl, TensorBoard events)")
     return 0
 
 
 def _report(result, say) -> None:
     say(
-        f"\neval logloss {result['eval_logloss']:.4f}  eval AUC {result['eval_auc']:.4f}  "
-        f"train AUC {result['train_auc']:.4f}  throughput {result['samples_per_s']:.0f} "
-        f"samples/s  overflow {sum(result['overflow'].values())} ids  collectives "
+        f"eval logloss {result['eval_logloss']:.4f}  eval AUC {result['eval_auc']:.4f}  "
+        f"train AUC (cumulative, all {result['steps']} steps) {result['train_auc']:.4f}  "
+        f"throughput {result['samples_per_s']:.0f} samples/s  overflow "
+        f"{sum(result['overflow'].values())} ids  collectives "
         f"{result['comm_bytes_per_step']['total'] / 1e6:.2f} MB/step per device"
     )

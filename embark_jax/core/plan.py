@@ -6,7 +6,7 @@ the ids with `id % r == j` (local row `id // r`); column slice k owns columns
 [k*d/c, (k+1)*d/c). Device g lives on node `g // devices_per_node`. A `dp` table is
 replicated: `devices == [[0, 1, ..., G-1]]` with r = c = 1.
 
-JSON format (`Plan.to_json` / `Plan.from_json`):
+JSON format (`Plan.to_json`; read back with `Plan.from_json(text)` or `Plan.from_file(path)`):
 
     {"format": "embark-plan/1",
      "topology": {"num_nodes": 1, "devices_per_node": 8},
@@ -16,6 +16,10 @@ JSON format (`Plan.to_json` / `Plan.from_json`):
 
 Optional per table: `"capacity_factor"` (routing buffer size as a multiple of the expected
 per-destination load, see `embark_jax.sharding.capacity`) and `"unique_capacity"` (UB dedup slots).
+
+Reading is strict: every count and device is a JSON integer (2.7, 16.0 and `true` are refused,
+never truncated), `capacity_factor` a finite number > 0, and an unknown key (a misspelt field)
+is an error; each `PlanError` names the table and the field.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,6 +68,8 @@ class Topology:
     devices_per_node: int = 8
 
     def __post_init__(self) -> None:
+        for field in ("num_nodes", "devices_per_node"):
+            object.__setattr__(self, field, _as_int(getattr(self, field), f"topology {field}"))
         if self.num_nodes < 1 or self.devices_per_node < 1:
             raise PlanError(f"topology needs >= 1 node and device per node, got {self}")
 
@@ -86,10 +94,22 @@ class TablePlan:
     unique_capacity: int | None = None
 
     def __post_init__(self) -> None:
+        where = f"table {self.name!r}"
+        if not isinstance(self.name, str) or not self.name:
+            raise PlanError(f"table name must be a non-empty string, got {self.name!r}")
         object.__setattr__(self, "cluster", Cluster.parse(self.cluster))
-        object.__setattr__(
-            self, "devices", tuple(tuple(int(d) for d in col) for col in self.devices)
-        )
+        for field in ("row_shards", "column_shards"):
+            object.__setattr__(self, field, _as_int(getattr(self, field), f"{where}: {field}"))
+        object.__setattr__(self, "devices", _as_devices(self.devices, where))
+        if self.capacity_factor is not None:
+            c = self.capacity_factor
+            if isinstance(c, bool) or not isinstance(c, numbers.Real) or not math.isfinite(c):
+                raise PlanError(f"{where}: capacity_factor must be a finite number, got {c!r}")
+            object.__setattr__(self, "capacity_factor", float(c))
+        if self.unique_capacity is not None:
+            object.__setattr__(
+                self, "unique_capacity", _as_int(self.unique_capacity, f"{where}: unique_capacity")
+            )
 
     def shard_devices(self) -> list[tuple[int, int, int]]:
         """`(k, j, device)` of every shard (dp: one replica per device as j)."""
@@ -118,6 +138,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tables", tuple(self.tables))
+        object.__setattr__(self, "batch_size", _as_int(self.batch_size, "batch_size"))
         self._validate_structure()
 
     # --- validation ----------------------------------------------------------------------
@@ -142,10 +163,10 @@ class Plan:
         planned = {t.name for t in self.tables}
         missing = sorted(set(by_name) - planned)
         if missing:
-            raise PlanError(f"tables {missing} are not in the plan")
+            raise PlanError(f"tables {_few(missing)} are not in the plan")
         unknown = sorted(planned - set(by_name))
         if unknown:
-            raise PlanError(f"plan places unknown tables {unknown}")
+            raise PlanError(f"plan places unknown tables {_few(unknown)}")
         for t in self.tables:
             dim = by_name[t.name].dim
             if dim % t.column_shards:
@@ -187,34 +208,53 @@ class Plan:
         return text
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Plan:
+    def from_dict(cls, data: Any) -> Plan:
+        """A plan from its JSON form, strictly checked (see the module docstring)."""
+        if not isinstance(data, dict):
+            raise PlanError(f"a plan must be a JSON object, got {type(data).__name__}")
         if data.get("format") != FORMAT:
             raise PlanError(f"unsupported plan format {data.get('format')!r}; expected {FORMAT!r}")
-        try:
-            topo = Topology(**data["topology"])
-            tables = tuple(
-                TablePlan(
-                    name=t["name"],
-                    cluster=t["cluster"],
-                    row_shards=int(t["row_shards"]),
-                    column_shards=int(t["column_shards"]),
-                    devices=t["devices"],
-                    capacity_factor=t.get("capacity_factor"),
-                    unique_capacity=t.get("unique_capacity"),
-                )
-                for t in data["tables"]
-            )
-            return cls(topology=topo, batch_size=int(data["batch_size"]), tables=tables)
-        except (KeyError, TypeError) as e:
-            raise PlanError(f"malformed plan: {e!r}") from None
+        _check_keys(data, _PLAN_KEYS, _PLAN_KEYS, "plan")
+        topo = data["topology"]
+        if not isinstance(topo, dict):
+            raise PlanError(f"plan topology must be an object, got {topo!r}")
+        _check_keys(topo, _TOPOLOGY_KEYS, _TOPOLOGY_KEYS, "plan topology")
+        tables = data["tables"]
+        if not isinstance(tables, list):
+            raise PlanError(f"plan tables must be a list, got {type(tables).__name__}")
+        parsed = []
+        for i, t in enumerate(tables):
+            if not isinstance(t, dict):
+                raise PlanError(f"plan table #{i} must be an object, got {t!r}")
+            where = f"table {t.get('name', f'#{i}')!r}"
+            _check_keys(t, _TABLE_KEYS, _TABLE_REQUIRED, where)
+            parsed.append(TablePlan(**t))
+        return cls(topology=Topology(**topo), batch_size=data["batch_size"], tables=tuple(parsed))
 
     @classmethod
-    def from_json(cls, text_or_path: str) -> Plan:
-        text = text_or_path
-        if not text_or_path.lstrip().startswith("{"):
-            with open(text_or_path) as fh:
+    def from_json(cls, text: str) -> Plan:
+        """A plan from JSON text (never a path: see `from_file`)."""
+        if not isinstance(text, str | bytes):
+            raise TypeError(f"Plan.from_json takes JSON text, got {type(text).__name__}")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"plan is not valid JSON: {e}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_file(cls, path: str | Any) -> Plan:
+        """A plan from a JSON file written by `to_json(path)` or `plan --out`."""
+        try:
+            with open(path) as fh:
                 text = fh.read()
-        return cls.from_dict(json.loads(text))
+        except (OSError, UnicodeDecodeError) as e:
+            reason = getattr(e, "strerror", None) or str(e)
+            raise PlanError(f"cannot read plan file {str(path)!r}: {reason}") from None
+        try:
+            return cls.from_json(text)
+        except PlanError as e:
+            raise PlanError(f"plan file {str(path)!r}: {e}") from None
 
     # --- mesh ----------------------------------------------------------------------------
 
@@ -230,7 +270,12 @@ class Plan:
         g = self.topology.num_devices
         devices = list(jax.devices() if devices is None else devices)
         if len(devices) < g:
-            raise PlanError(f"plan needs {g} devices, only {len(devices)} available")
+            raise PlanError(
+                f"plan needs {g} devices, only {len(devices)} available; on a machine without "
+                f"{g} accelerators, get {g} fake CPU devices with "
+                f'jax.config.update("jax_num_cpu_devices", {g}) before any JAX operation '
+                f"(or XLA_FLAGS=--xla_force_host_platform_device_count={g})"
+            )
         arr = np.array(devices[:g], dtype=object)
         shape = (
             (g,)
@@ -270,3 +315,43 @@ def _validate_table(t: TablePlan, num_devices: int) -> None:
         raise PlanError(f"table {name!r}: capacity_factor must be > 0, got {t.capacity_factor}")
     if t.unique_capacity is not None and t.unique_capacity < 1:
         raise PlanError(f"table {name!r}: unique_capacity must be >= 1, got {t.unique_capacity}")
+
+
+_PLAN_KEYS = frozenset({"format", "topology", "batch_size", "tables"})
+_TOPOLOGY_KEYS = frozenset({"num_nodes", "devices_per_node"})
+_TABLE_REQUIRED = frozenset({"name", "cluster", "row_shards", "column_shards", "devices"})
+_TABLE_KEYS = _TABLE_REQUIRED | {"capacity_factor", "unique_capacity"}
+
+
+def _few(names: list[str], limit: int = 8) -> str:
+    """`['a', 'b']`, or the first `limit` names and how many more."""
+    if len(names) <= limit:
+        return str(names)
+    return f"{names[:limit]} and {len(names) - limit} more"
+
+
+def _check_keys(obj: dict, known: frozenset, required: frozenset, where: str) -> None:
+    unknown = sorted(set(obj) - known)
+    if unknown:
+        raise PlanError(f"{where}: unknown field {unknown[0]!r}; expected {sorted(known)}")
+    missing = sorted(required - set(obj))
+    if missing:
+        raise PlanError(f"{where}: missing field {missing[0]!r}")
+
+
+def _as_int(value: Any, where: str) -> int:
+    """`value` as an int; a bool, a float (even 16.0) or a string is an error, not truncated."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise PlanError(f"{where} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _as_devices(devices: Any, where: str) -> tuple[tuple[int, ...], ...]:
+    if isinstance(devices, str | bytes) or not isinstance(devices, Sequence | np.ndarray):
+        raise PlanError(f"{where}: devices must be a list of lists of ints, got {devices!r}")
+    out = []
+    for col in devices:
+        if isinstance(col, str | bytes) or not isinstance(col, Sequence | np.ndarray):
+            raise PlanError(f"{where}: devices must be a list of lists of ints, got {devices!r}")
+        out.append(tuple(_as_int(d, f"{where}: device") for d in col))
+    return tuple(out)

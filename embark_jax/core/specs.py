@@ -135,7 +135,7 @@ class FeatureConfig:
       table: name of the table it looks up.
       max_hotness: most ids one sample may carry (the static capacity of its bag).
       combiner: `Combiner` or its string value; default `sum`.
-      weighted: whether inputs carry a weight per id.
+      weighted: whether inputs carry a weight per id (a bool; `"no"` or 1 is an error).
     """
 
     name: str
@@ -164,6 +164,11 @@ class FeatureConfig:
         except ValueError as e:
             raise ValueError(f"feature {self.name!r}: {e}") from None
         object.__setattr__(self, "combiner", combiner)
+        if not isinstance(self.weighted, bool | np.bool_):
+            raise ValueError(
+                f"feature {self.name!r}: weighted must be True or False, got {self.weighted!r}"
+            )
+        object.__setattr__(self, "weighted", bool(self.weighted))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

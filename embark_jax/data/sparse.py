@@ -223,22 +223,15 @@ class SparseFeatures:
         return out_ids, out_w
 
     def validate(self, config: EmbeddingConfig) -> None:
-        """Re-runs the host-side checks against `config` (e.g. for a hand-built batch)."""
+        """Re-runs the host-side checks against `config` (e.g. for a hand-built batch): the
+        ids as in `from_dense`, and every feature's lengths present, a 1-D integer array of
+        one entry per sample, equal to the number of valid ids of that sample."""
         ids = {n: np.asarray(v) for n, v in self.ids.items()}
         rebuilt = SparseFeatures.from_dense(
             ids, {n: np.asarray(w) for n, w in self.weights.items()}, config=config
         )
         for name in ids:
-            if not np.array_equal(
-                np.asarray(self.lengths[name]), np.asarray(rebuilt.lengths[name])
-            ):
-                bad = int(
-                    np.argmax(np.asarray(self.lengths[name]) != np.asarray(rebuilt.lengths[name]))
-                )
-                raise ValueError(
-                    f"feature {name!r}: length {int(np.asarray(self.lengths[name])[bad])} at "
-                    f"sample {bad} disagrees with its {int(rebuilt.lengths[name][bad])} valid ids"
-                )
+            _check_lengths(name, self.lengths, rebuilt.lengths[name])
 
 
 jax.tree_util.register_dataclass(
@@ -269,6 +262,25 @@ def _check_names(ids: Mapping, weights: Mapping, config: EmbeddingConfig | None)
             raise ValueError(
                 f"feature {name!r}: weights given but the feature is not configured weighted=True"
             )
+
+
+def _check_lengths(name: str, lengths: Mapping, want: np.ndarray) -> None:
+    """The given `lengths[name]` against the `want` counted from the ids."""
+    if name not in lengths:
+        raise ValueError(f"feature {name!r}: lengths missing (ids given, no lengths)")
+    got = np.asarray(lengths[name])
+    if got.dtype == np.bool_ or not np.issubdtype(got.dtype, np.integer):
+        raise ValueError(f"feature {name!r}: lengths must be integers, got dtype {got.dtype}")
+    if got.shape != want.shape:
+        raise ValueError(
+            f"feature {name!r}: lengths shape {got.shape} != ({want.shape[0]},), one per sample"
+        )
+    if not np.array_equal(got, want):
+        bad = int(np.argmax(got != want))
+        raise ValueError(
+            f"feature {name!r}: length {int(got[bad])} at sample {bad} disagrees with its "
+            f"{int(want[bad])} valid ids"
+        )
 
 
 def _check_batch(name: str, b: int, batch: int | None) -> int:

@@ -1,8 +1,20 @@
-"""Callbacks for `embark_jax.training.loop.fit`: progress output and fault injection."""
+"""Callbacks for `embark_jax.training.loop.fit`: progress output, metric logs (JSON lines and
+TensorBoard event files) and fault injection.
+
+`JsonLinesLogger` writes one JSON object per step (`step`, `loss`, `samples_per_s`,
+`overflow`, and every `every` steps `train_auc_window`: the AUC of the last `every` steps);
+`TensorBoardLogger` writes the same scalars as a TensorBoard event file, in the TFRecord event
+format TensorBoard reads (no TensorFlow or tensorboard package needed to write it; install
+`tensorboard`, e.g. the `[logging]` extra, to look at it). Both take further scalars (the
+final evaluation) through `log_scalars`.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import struct
 import sys
 import time
 
@@ -10,36 +22,202 @@ import jax
 import numpy as np
 
 from embark_jax.training.loop import CallbackBase
+from embark_jax.training.metrics import auc
 
-__all__ = ["ExitAtStep", "Progress"]
+__all__ = ["EventFileWriter", "ExitAtStep", "JsonLinesLogger", "Progress", "TensorBoardLogger"]
+
+
+def _clock(seconds: float) -> str:
+    seconds = round(seconds)
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+class _Window:
+    """Labels and probabilities of the last few steps, for a windowed train AUC."""
+
+    def __init__(self):
+        self.labels: list[np.ndarray] = []
+        self.probs: list[np.ndarray] = []
+
+    def add(self, result) -> None:
+        self.labels.append(np.asarray(result.labels).ravel())
+        self.probs.append(np.asarray(result.probs).ravel())
+
+    def take_auc(self) -> float:
+        value = auc(np.concatenate(self.labels), np.concatenate(self.probs))
+        self.labels, self.probs = [], []
+        return value
 
 
 class Progress(CallbackBase):
-    """A progress line every `every` steps: loss, samples/s (after the compiling step)."""
+    """A progress line every `every` steps: the loss and train AUC of the steps since the last
+    line, samples/s and steps/s (after the compiling first step) and the time left."""
 
     def __init__(self, total: int, batch_size: int, start: int = 0, every: int = 10, out=None):
         self.total, self.batch_size, self.start, self.every = total, batch_size, start, every
         self.out = out or sys.stdout
         self.losses: list[float] = []
+        self.window = _Window()
         self.t0 = time.perf_counter()
         self.first: float | None = None
 
     def on_step_end(self, step, state, result):
         self.losses.append(result.loss)
+        self.window.add(result)
         done = len(self.losses)
         if done == 1:
             self.first = time.perf_counter()  # the first step includes compilation
         if done % self.every and done != self.total:
             return
         elapsed = time.perf_counter() - (self.first if done > 1 else self.t0)
-        sps = (done - 1) * self.batch_size / elapsed if done > 1 else 0.0
-        bar = "#" * int(30 * done / self.total)
-        self.out.write(
-            f"\r[{bar:<30s}] step {self.start + done:6d}/{self.start + self.total}  loss "
-            f"{np.mean(self.losses[-self.every :]):.4f}  {sps:9.0f} samples/s"
+        rate = (done - 1) / elapsed if done > 1 and elapsed > 0 else 0.0
+        speed = (
+            f"{rate * self.batch_size:8.0f} samples/s  {rate:6.2f} steps/s  "
+            f"{_clock((self.total - done) / rate)} left"
+            if rate
+            else "(the first step includes compiling)"
         )
-        self.out.write("\n" if not self.out.isatty() or done == self.total else "")
+        bar = "#" * int(30 * done / self.total)
+        tty = self.out.isatty()
+        cr = "\r" if tty else ""  # overwrite the line on a terminal only
+        self.out.write(
+            f"{cr}[{bar:<30s}] step {self.start + done:6d}/"
+            f"{self.start + self.total}  loss {np.mean(self.losses[-self.every :]):.4f}  "
+            f"AUC(last {min(self.every, done)}) {self.window.take_auc():.3f}  {speed}"
+        )
+        self.out.write("\n" if not tty or done == self.total else "")
         self.out.flush()
+
+
+class _StepMetrics(CallbackBase):
+    """Per-step scalars for the loggers: loss, samples/s, overflow, windowed train AUC."""
+
+    def __init__(self, batch_size: int, every: int):
+        self.batch_size, self.every = batch_size, max(1, every)
+        self.window = _Window()
+        self.count = 0
+        self.last: float | None = None
+
+    def scalars(self, result) -> dict[str, float]:
+        now = time.perf_counter()
+        self.count += 1
+        self.window.add(result)
+        out = {"loss": float(result.loss), "overflow": float(sum(result.overflow.values()))}
+        if self.last is not None and now > self.last:
+            out["samples_per_s"] = self.batch_size / (now - self.last)
+        self.last = now
+        if self.count % self.every == 0:
+            out["train_auc_window"] = self.window.take_auc()
+        return out
+
+
+class JsonLinesLogger(_StepMetrics):
+    """One JSON object per step in `path` (created with its folder; appended to)."""
+
+    def __init__(self, path: str, batch_size: int, every: int = 10):
+        super().__init__(batch_size, every)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.fh = open(path, "a")  # closed by close()
+
+    def on_step_end(self, step, state, result):
+        self.log_scalars(step + 1, self.scalars(result))
+
+    def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        self.fh.write(json.dumps({"step": int(step), "wall_time": time.time(), **scalars}) + "\n")
+        self.fh.flush()
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+class TensorBoardLogger(_StepMetrics):
+    """TensorBoard scalars (`train/loss`, `train/samples_per_s`, ...) in `log_dir`."""
+
+    def __init__(self, log_dir: str, batch_size: int, every: int = 10):
+        super().__init__(batch_size, every)
+        self.writer = EventFileWriter(log_dir)
+
+    def on_step_end(self, step, state, result):
+        self.log_scalars(step + 1, {f"train/{k}": v for k, v in self.scalars(result).items()})
+
+    def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        self.writer.add_scalars(step, scalars)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class EventFileWriter:
+    """Writes `events.out.tfevents.*` files: TFRecord-framed `Event` protos (wall time, step,
+    a `Summary` of float scalars), the format TensorBoard's readers load."""
+
+    def __init__(self, log_dir: str):
+        os.makedirs(log_dir, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
+        self.path = os.path.join(log_dir, name)
+        self.fh = open(self.path, "wb")  # closed by close()
+        self._write(_event(time.time(), 0, file_version="brain.Event:2"))
+
+    def add_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        values = b"".join(
+            _field(1, _field(1, tag.encode()) + b"\x15" + struct.pack("<f", float(v)))
+            for tag, v in scalars.items()
+        )
+        self._write(_event(time.time(), step, summary=values))
+
+    def _write(self, data: bytes) -> None:
+        header = struct.pack("<Q", len(data))
+        self.fh.write(header + struct.pack("<I", _masked_crc(header)))
+        self.fh.write(data + struct.pack("<I", _masked_crc(data)))
+        self.fh.flush()
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _event(wall_time: float, step: int, *, file_version: str = "", summary: bytes = b"") -> bytes:
+    out = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(max(0, int(step)))
+    if file_version:
+        out += _field(3, file_version.encode())
+    if summary:
+        out += _field(5, summary)
+    return out
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC_TABLE = _crc32c_table()
+
+
+def _masked_crc(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = _CRC_TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 class ExitAtStep(CallbackBase):

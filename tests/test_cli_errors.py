@@ -1,0 +1,169 @@
+"""Every user mistake on the command line is one `error:` line and exit code 2: no
+traceback, and nothing written (issues 11 item 13 and 13 item 5)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from embark_jax.cli.main import main
+
+SMALL = ["--max-vocab", "500", "--max-hotness", "4", "--eval-batches", "1"]
+
+
+def _files(root) -> set[str]:
+    return {os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs}
+
+
+def _check(code: int, out: str, err: str, needle: str) -> None:
+    text = out + err
+    assert code == 2, text
+    assert "Traceback" not in text, text
+    lines = [ln for ln in text.splitlines() if "error:" in ln]
+    assert len(lines) == 1, text
+    assert needle in lines[0], text
+
+
+def run_in_process(argv, capsys) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse
+        code = e.code
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def run_subprocess(argv, cwd) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "embark_jax", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture
+def plans(tmp_path):
+    """Plan files: malformed, for 64 devices, for another model; a regular file."""
+    d = tmp_path / "inputs"
+    d.mkdir()
+    (d / "bad.json").write_text('{"format": "embark-plan/1", ')
+    (d / "file.txt").write_text("x")
+    assert (
+        main(["plan", "--model", "dcnv2-mini", "--nodes", "8", "--out", str(d / "p64.json")]) == 0
+    )
+    return d
+
+
+# flags that argparse or the checks before JAX refuse: in process
+IN_PROCESS = [
+    (["train", "--batch-size", "0"], "--batch-size: must be >= 1, got 0"),
+    (["train", "--steps", "-1"], "--steps: must be >= 1, got -1"),
+    (["train", "--steps", "0"], "--steps: must be >= 1, got 0"),
+    (["train", "--eval-batches", "0"], "--eval-batches: must be >= 1, got 0"),
+    (["train", "--devices", "0"], "--devices: must be >= 1, got 0"),
+    (["train", "--nodes", "0"], "--nodes: must be >= 1, got 0"),
+    (["train", "--model", "nope"], "unknown model 'nope'"),
+    (["train", "--topology", "tpu"], "unknown topology 'tpu'"),
+    (["train", "--lr", "nan"], "--lr: must be a finite number > 0"),
+    (["train", "--resume"], "--resume needs --checkpoint-dir"),
+    (["train", "--plan", "{inputs}/missing.json"], "cannot read plan file"),
+    (["train", "--plan", "{inputs}/bad.json"], "plan is not valid JSON"),
+    (["train", "--checkpoint-dir", "{inputs}/file.txt/ckpt"], "--checkpoint-dir"),
+    (["train", "--log-dir", "{inputs}/file.txt"], "--log-dir"),
+    (["train", "--out", "{inputs}/file.txt/m.json"], "--out"),
+    (["plan", "--nodes", "0"], "--nodes: must be >= 1, got 0"),
+    (["plan", "--devices-per-node", "0"], "--devices-per-node: must be >= 1"),
+    (["plan", "--model", "nope"], "unknown model 'nope'"),
+    (["plan", "--topology", "tpu"], "unknown topology 'tpu'"),
+    (["plan", "--batch-size", "100"], "--batch-size 100 is not a multiple of the 8 devices"),
+    (["plan", "--out", "{inputs}/file.txt/p.json"], "--out"),
+    (["plan", "--model", "t7", "--nodes", "1"], "does not fit"),
+    (["simulate", "--nodes", "0"], "--nodes: must be >= 1, got 0"),
+    (["simulate", "--models", "nope"], "unknown model 'nope'"),
+    (["launch", "--nproc", "0", "--", "train"], "--nproc: must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize(("argv", "needle"), IN_PROCESS, ids=[" ".join(a) for a, _ in IN_PROCESS])
+def test_user_mistake_is_one_error_line(argv, needle, plans, tmp_path, capsys, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    before = _files(tmp_path)
+    argv = [a.replace("{inputs}", str(plans)) for a in argv]
+    _check(*run_in_process(argv, capsys), needle)
+    assert _files(tmp_path) == before
+
+
+# mistakes found once the devices are known, and a few of the above: as a user runs them
+SUBPROCESS = [
+    (["train", "--plan", "{inputs}/p64.json", *SMALL], "is for 8x8 = 64 devices but this run"),
+    (["train", "--batch-size", "60", *SMALL], "--batch-size 60 is not a multiple of the 8"),
+    (["train", "--nodes", "3", *SMALL], "8 devices do not split into --nodes 3"),
+    (["train", "--model", "t7", *SMALL[2:]], "does not fit"),
+    (
+        [
+            "train",
+            "--model",
+            "t180-mini",
+            "--plan",
+            "{inputs}/p64.json",
+            "--devices",
+            "64",
+            "--nodes",
+            "8",
+        ],
+        "does not fit --model",
+    ),
+    (["train", "--steps", "0"], "--steps: must be >= 1"),
+    (["train", "--plan", "{inputs}/bad.json"], "plan is not valid JSON"),
+    (["plan", "--out", "/proc/no/such/dir/p.json"], "--out"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("argv", "needle"), SUBPROCESS, ids=[" ".join(a) for a, _ in SUBPROCESS])
+def test_user_mistake_in_a_subprocess(argv, needle, plans, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    before = _files(tmp_path)
+    argv = [a.replace("{inputs}", str(plans)) for a in argv]
+    r = run_subprocess(argv, work)
+    _check(r.returncode, r.stdout, r.stderr, needle)
+    assert _files(tmp_path) == before
+
+
+def test_info_into_a_closed_pipe_has_no_traceback(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    r = subprocess.run(
+        f"{sys.executable} -m embark_jax info | head -c 1",
+        shell=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.stdout == "{" and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr
+
+
+def test_help_lists_defaults_models_and_version(capsys):
+    for command in ("train", "plan", "simulate", "launch"):
+        code, out, _ = run_in_process([command, "--help"], capsys)
+        assert code == 0
+        text = " ".join(out.split())
+        assert "(default:" in text
+        if command != "launch":
+            assert "dcnv2-mini" in text and "dlrm_dcnv2" in text, text
+    code, out, _ = run_in_process(["--version"], capsys)
+    assert code == 0 and out.startswith("embark_jax ")
+
+
+def test_plan_notes_say_how_to_get_the_json(capsys):
+    assert main(["plan", "--model", "t180-mini", "--batch-size", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "more tables" in out and "add --out plan.json" in out

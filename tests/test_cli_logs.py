@@ -1,0 +1,85 @@
+"""Metric logs of `train --log-dir`: JSON lines and TensorBoard event files that TensorBoard's
+own reader loads; the progress line; launch's output filter."""
+
+import io
+import json
+import types
+
+import numpy as np
+import pytest
+
+from embark_jax.cli.main import _QuietLines
+from embark_jax.training.callbacks import JsonLinesLogger, Progress, TensorBoardLogger
+
+
+def _results(n: int):
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        labels = rng.integers(0, 2, 32).astype(np.float32)
+        probs = np.clip(labels * 0.6 + rng.random(32) * 0.4, 0, 1)
+        yield types.SimpleNamespace(
+            loss=1.0 / (i + 1), labels=labels, probs=probs, overflow={"t": i % 2}, step=i + 1
+        )
+
+
+def test_event_file_is_read_back_by_tensorboard(tmp_path):
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    logger = TensorBoardLogger(str(tmp_path), batch_size=32, every=2)
+    for i, r in enumerate(_results(4)):
+        logger.on_step_end(i, None, r)
+    logger.log_scalars(4, {"eval/auc": 0.75})
+    logger.close()
+    ea = accumulator.EventAccumulator(str(tmp_path))
+    ea.Reload()
+    tags = set(ea.Tags()["scalars"])
+    assert {"train/loss", "train/overflow", "train/train_auc_window", "eval/auc"} <= tags
+    loss = ea.Scalars("train/loss")
+    assert [e.step for e in loss] == [1, 2, 3, 4]
+    np.testing.assert_allclose([e.value for e in loss], [1, 1 / 2, 1 / 3, 1 / 4], rtol=1e-6)
+    assert ea.Scalars("eval/auc")[0].value == pytest.approx(0.75)
+    assert [e.step for e in ea.Scalars("train/train_auc_window")] == [2, 4]
+
+
+def test_json_lines_one_object_per_step(tmp_path):
+    path = tmp_path / "logs" / "metrics.jsonl"
+    logger = JsonLinesLogger(str(path), batch_size=32, every=2)
+    for i, r in enumerate(_results(3)):
+        logger.on_step_end(10 + i, None, r)
+    logger.log_scalars(13, {"eval_auc": 0.7})
+    logger.close()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [11, 12, 13, 13]
+    assert rows[0]["loss"] == 1.0 and rows[1]["overflow"] == 1.0
+    assert "train_auc_window" in rows[1] and "samples_per_s" in rows[1]
+    assert rows[-1]["eval_auc"] == 0.7
+
+
+def test_progress_shows_rate_time_left_and_window_auc():
+    out = io.StringIO()
+    p = Progress(total=4, batch_size=32, every=2, out=out)
+    for i, r in enumerate(_results(4)):
+        p.on_step_end(i, None, r)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and all(not ln.startswith("\r") for ln in lines)
+    assert "steps/s" in lines[-1] and "left" in lines[-1] and "AUC(last 2)" in lines[-1]
+
+
+def test_launch_output_drops_gloo_notices_and_blank_prefixed_lines():
+    out = io.StringIO()
+    q = _QuietLines(out)
+    for line in [
+        "[0] [Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer "
+        "ranks is : 1\n",
+        "[1] [Gloo] Rank [Gloo] Rank 1 is connected to 1 peer ranks. Expected number of\n",
+        "[1] 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1\n",
+        "[1]  peer ranks. Expected number of connected peer ranks is : 1\n",
+        "[1] \n",
+        "[0] step 1\n",
+        "[0]   t1: rb 1x1 [[3]] -- rb: pooling 2 ids\n",
+        "[1]    \n",
+        "launch: done\n",
+    ]:
+        q.write(line)
+    assert (
+        out.getvalue() == "[0] step 1\n[0]   t1: rb 1x1 [[3]] -- rb: pooling 2 ids\nlaunch: done\n"
+    )
