@@ -1,31 +1,181 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with a GPU and no network (the H200 image has jax 0.11.2 with
 # CUDA, scikit-build-core, cmake, ninja, pybind11, nvcc), build the CUDA kernels, run the GPU
-# tests (the CPU kernel tests, now against the GPU kernels, plus tests/test_gpu.py) and the
-# kernel benchmark. Everything goes to one results file: $OUT/gpu_check.txt (+ JSON).
+# tests (the CPU kernel tests, now against the GPU kernels, plus tests/test_gpu*.py) and the
+# kernel benchmark, all within one time budget.
 #
 #   bash experiments/gpu_check.sh            # OUT defaults to ./results
-set -uo pipefail
+#
+# Outputs under $OUT: gpu_check.txt (the whole log), gpu_check.json (versions, each step's
+# status and seconds, the GPU test summary, every kernel's GB/s and fraction of the copy
+# bandwidth measured in the same run), gpu_tests.xml, kernels_gpu.json.
+#
+# Exit status: 0 only when every step succeeded; otherwise the first failing step's status
+# (124 when a step ran out of the budget). A failed build stops the script.
+#
+# Budget (GPU_CHECK_BUDGET_S, default 330 s): a lent GPU gives 15 minutes in all and at most
+# 10 per command, including the machine's start; 330 s leaves room for a second run after a
+# fix. The benchmark runs in quick mode (the production point set at fewer repeats); the full
+# benchmark runs only if GPU_CHECK_FULL_MIN_S (default 150 s) are still left, and its running
+# out of time is recorded but is no failure (it writes its JSON after every point).
+#
+# Each step can be replaced by a command string (for tests on a CPU machine, see
+# tests/test_gpu_check_script.py): GPU_CHECK_BUILD, GPU_CHECK_TESTS, GPU_CHECK_BENCH,
+# GPU_CHECK_BENCH_FULL. GPU_CHECK_FAKE=1 skips nvidia-smi and nvcc.
+set -u -o pipefail
 cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
 OUT=${OUT:-results}
 mkdir -p "$OUT"
 LOG="$OUT/gpu_check.txt"
+STEPS="$OUT/gpu_check_steps.tsv"
 PY=${PYTHON:-python3}
+BUDGET=${GPU_CHECK_BUDGET_S:-330}
+FULL_MIN=${GPU_CHECK_FULL_MIN_S:-150}
+FAKE=${GPU_CHECK_FAKE:-0}
+START=$(date +%s)
+: >"$LOG"
+: >"$STEPS"
+# Everything below goes to the terminal and the log; the status stays in this shell.
+exec > >(tee -a "$LOG") 2>&1
+TEE_PID=$!
+
 status=0
-run() { echo; echo "### $*"; "$@" || status=$?; }
-{
-  date
-  run nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  run "$PY" -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
-  echo "### build (CUDA on, sm_90)"
-  EMBARK_CUDA=ON EMBARK_CUDA_ARCHITECTURES="${EMBARK_CUDA_ARCHITECTURES:-90}" \
-    "$PY" -m pip install --no-build-isolation --no-deps -q -e . || { echo "BUILD FAILED"; exit 1; }
-  run "$PY" -m embark_jax info
-  echo "### GPU tests"
-  EMBARK_TEST_GPU=1 run "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py \
-    tests/test_kernels.py tests/test_ffi_segment_sum.py
-  echo "### kernel benchmark"
-  run "$PY" -m experiments.kernels.main --out "$OUT/kernels_gpu.json"
-  echo "### exit status $status"
-} 2>&1 | tee "$LOG"
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+
+# step NAME MAX_S CMD...: runs CMD under `timeout` (at most MAX_S, at most what is left of
+# the budget), records its status and time, and keeps the first failure in $status. The
+# signal is $STEP_SIGNAL (default TERM; the tests get INT, so that pytest still writes its
+# summary and junit file for the tests that ran), then KILL 10 s later.
+step() {
+  local name=$1 max=$2
+  shift 2
+  local t
+  t=$(left)
+  if [ "$max" -lt "$t" ]; then t=$max; fi
+  echo
+  echo "### $name (limit ${t}s, $(left)s of ${BUDGET}s left)"
+  if [ "$t" -le 0 ]; then
+    echo "### $name: SKIPPED, the time budget is spent"
+    printf '%s\t%s\t%s\n' "$name" 124 0 >>"$STEPS"
+    [ "$status" -eq 0 ] && status=124
+    return 124
+  fi
+  local t0 rc
+  t0=$(date +%s)
+  timeout -s "${STEP_SIGNAL:-TERM}" --kill-after=10 "$t" "$@"
+  rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$rc" $(($(date +%s) - t0)) >>"$STEPS"
+  if [ "$rc" -ne 0 ]; then
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+      echo "### $name: TIMED OUT after ${t}s"
+    else
+      echo "### $name: FAILED with status $rc"
+    fi
+    [ "$status" -eq 0 ] && status=$rc
+  fi
+  return "$rc"
+}
+
+date -u
+echo "budget ${BUDGET}s, fake=$FAKE"
+echo "### versions"
+if [ "$FAKE" != 1 ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+  nvcc --version | tail -n 2 || echo "nvcc: not found"
+fi
+"$PY" - <<'EOF' || true
+import importlib.metadata as md
+import platform
+
+print("python", platform.python_version())
+for dist in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin", "scikit-build-core",
+             "cmake", "ninja", "pybind11"):
+    try:
+        print(dist, md.version(dist))
+    except md.PackageNotFoundError:
+        pass
+EOF
+
+# GPU-specific files first: if the budget runs out, the kernel tests shared with the CPU
+# are the ones left out.
+GPU_TEST_FILES="tests/test_gpu.py tests/test_gpu_kernels.py tests/test_kernel_contracts.py tests/test_gpu_training.py tests/test_kernel_grads.py tests/test_kernels.py tests/test_ffi_segment_sum.py tests/test_abi_native.py"
+BUILD_CMD=${GPU_CHECK_BUILD:-"EMBARK_CUDA=ON EMBARK_CUDA_ARCHITECTURES=${EMBARK_CUDA_ARCHITECTURES:-90} $PY -m pip install --no-build-isolation --no-deps -q -e ."}
+TESTS_CMD=${GPU_CHECK_TESTS:-"EMBARK_TEST_GPU=1 $PY -m pytest -q -p no:cacheprovider --junitxml=$OUT/gpu_tests.xml $GPU_TEST_FILES"}
+BENCH_CMD=${GPU_CHECK_BENCH:-"$PY -m experiments.kernels.main --gpu-quick --out $OUT/kernels_gpu.json"}
+BENCH_FULL_CMD=${GPU_CHECK_BENCH_FULL:-"$PY -m experiments.kernels.main --out $OUT/kernels_gpu_full.json"}
+
+if step build 240 bash -c "$BUILD_CMD"; then
+  if [ "$FAKE" != 1 ]; then step info 30 "$PY" -m embark_jax info; fi
+  # the tests may use what the benchmark does not need (BENCH_RESERVE_S, default 100 s)
+  tests_max=$(($(left) - ${GPU_CHECK_BENCH_RESERVE_S:-100}))
+  if [ "$tests_max" -gt 180 ]; then tests_max=180; fi
+  if [ "$tests_max" -lt 30 ]; then tests_max=30; fi
+  STEP_SIGNAL=INT step gpu_tests "$tests_max" bash -c "$TESTS_CMD"
+  step benchmark 120 bash -c "$BENCH_CMD"
+  if [ "$(left)" -ge "$FULL_MIN" ]; then
+    # optional: running out of time here keeps the points measured and fails nothing
+    before=$status
+    step benchmark_full $(($(left) - 10)) bash -c "$BENCH_FULL_CMD"
+    rc=$?
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then status=$before; fi
+  else
+    echo "### benchmark_full: skipped ($(left)s left, needs ${FULL_MIN}s)"
+  fi
+else
+  echo "### BUILD FAILED: no tests, no benchmark"
+fi
+
+elapsed=$(($(date +%s) - START))
+"$PY" - "$OUT" "$status" "$elapsed" "$BUDGET" <<'EOF' || { [ "$status" -eq 0 ] && status=1; }
+"""Collects the steps, the GPU test summary and the benchmark into gpu_check.json."""
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+out, status, elapsed, budget = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+result = {"exit_status": status, "elapsed_s": elapsed, "budget_s": budget, "steps": {}}
+with open(os.path.join(out, "gpu_check_steps.tsv")) as fh:
+    for line in fh:
+        name, rc, secs = line.rstrip("\n").split("\t")
+        result["steps"][name] = {"status": int(rc), "seconds": int(secs)}
+junit = os.path.join(out, "gpu_tests.xml")
+if os.path.exists(junit):
+    suites = ET.parse(junit).getroot()
+    suites = [suites] if suites.tag == "testsuite" else list(suites)
+    summary = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    summary["passed"] = summary["tests"] - summary["failures"] - summary["errors"] - summary["skipped"]
+    summary["failed"] = [
+        f"{c.get('classname')}::{c.get('name')}"
+        for s in suites for c in s.iter("testcase")
+        if c.find("failure") is not None or c.find("error") is not None
+    ]
+    result["gpu_tests"] = summary
+kernels = {}
+for fname in ("kernels_gpu.json", "kernels_gpu_full.json"):
+    path = os.path.join(out, fname)
+    if not os.path.exists(path):
+        continue
+    with open(path) as fh:
+        bench = json.load(fh)
+    mode = "quick" if fname == "kernels_gpu.json" else "full"
+    rows = {}
+    for p in bench.get("points", []):
+        rows[p["point"]["name"]] = {
+            k: {f: p[k][f] for f in ("ffi_GBps", "xla_GBps", "fraction_of_copy", "speedup") if f in p[k]}
+            for k in p if isinstance(p[k], dict) and "ffi_GBps" in p[k]
+        }
+    kernels[mode] = {"backend": bench.get("backend"), "device": bench.get("devices"),
+                     "copy_GBps": bench.get("copy_GBps"), "points": rows}
+result["kernels"] = kernels
+with open(os.path.join(out, "gpu_check.json"), "w") as fh:
+    json.dump(result, fh, indent=1)
+print(json.dumps({k: result[k] for k in ("exit_status", "elapsed_s", "steps")}))
+print("wrote", os.path.join(out, "gpu_check.json"))
+EOF
+
+echo "### exit status $status after ${elapsed}s (budget ${BUDGET}s)"
+exec 1>&- 2>&-
+wait "$TEE_PID" 2>/dev/null
 exit "$status"

@@ -176,3 +176,170 @@ def test_valid_calls_still_succeed():
     )
     assert np.asarray(rows).tolist() == [1, 3, -1, -1] and int(num) == 2
     np.testing.assert_allclose(np.asarray(grads_out)[:2], [[1.0] * 5, [2.0] * 5])
+
+
+# The checks below guard writes past the end of a buffer, on both backends alike (one shared
+# header, embark_operands.h): each test calls the target directly with one result sized wrong.
+
+
+def _optimizer_outputs(table, slot_a, slot_b):
+    return (
+        _ffi.result_type(table, table.shape, table.dtype),
+        _ffi.result_type(slot_a, slot_a.shape, jnp.float32),
+        _ffi.result_type(slot_b, slot_b.shape, jnp.float32),
+    )
+
+
+def test_lookup_pool_none_needs_a_row_per_id():
+    ids = jnp.array([0, 1, 2], jnp.int32)
+    _fails(
+        r"lookup_pool: output must have dimension 0 = 3 \(N: combiner NONE gives a row per id\), "
+        r"got shape \[2, 4\]",
+        lambda: _ffi.lookup_pool(
+            jnp.zeros((5, 4)),
+            ids,
+            jnp.zeros((3,), jnp.int32),
+            jnp.ones((3,)),
+            2,
+            "none",
+            jnp.float32,
+            False,
+        ),
+    )
+
+
+def test_sparse_grad_row_grads_must_match_the_capacity():
+    ids = jnp.array([3, 3, 1], jnp.int32)
+    call = _ffi._call(
+        abi.Target.SPARSE_GRAD,
+        (
+            _ffi.result_type(ids, (4,), ids.dtype),
+            _ffi.result_type(ids, (3, 5), jnp.float32),  # 3 rows for a capacity of 4
+            _ffi.result_type(ids, (), jnp.int32),
+            _ffi._dedup_workspace(ids),
+        ),
+    )
+    _fails(
+        r"sparse_grad: row_grads must have dimension 0 = 4 \(C, the capacity of unique_rows\), "
+        r"got shape \[3, 5\]",
+        lambda: call(
+            jnp.ones((2, 5)), ids, jnp.array([0, 1, 1]), jnp.ones((3,)), per_id=np.int64(0)
+        ),
+    )
+
+
+def test_row_wise_slot_with_the_elementwise_kernel_is_refused():
+    """A RowWiseAdagrad slot [V] passed with the Adagrad kernel id would be written V*D."""
+    table = jnp.zeros((10, 16), jnp.float32)
+    per_row, unused = jnp.zeros((10,), jnp.float32), jnp.zeros((1,), jnp.float32)
+    hp = jnp.array([0.1, 1e-8, 0.0, 0.0], jnp.float32)
+    ids = jnp.array([1, 2], jnp.int32)
+    _fails(
+        r"sparse_grad_update: slot_a must have at least 160 elements \(ADAGRAD on a \[10, 16\] "
+        r"table\), got shape \[10\]",
+        lambda: _ffi.sparse_grad_update(
+            table,
+            per_row,
+            unused,
+            jnp.ones((2, 16)),
+            ids,
+            jnp.array([0, 1]),
+            jnp.ones((2,)),
+            hp,
+            abi.OptimizerId.ADAGRAD,
+            False,
+        ),
+    )
+    _fails(
+        r"sparse_grad_update: hparams must have at least 4 elements .*got shape \[3\]",
+        lambda: _ffi.sparse_grad_update(
+            table,
+            per_row,
+            unused,
+            jnp.ones((2, 16)),
+            ids,
+            jnp.array([0, 1]),
+            jnp.ones((2,)),
+            hp[:3],
+            abi.OptimizerId.ROW_WISE_ADAGRAD,
+            False,
+        ),
+    )
+    # the same slot with its own kernel id is accepted
+    out = _ffi.sparse_grad_update(
+        table,
+        per_row,
+        unused,
+        jnp.ones((2, 16)),
+        ids,
+        jnp.array([0, 1]),
+        jnp.ones((2,)),
+        hp,
+        abi.OptimizerId.ROW_WISE_ADAGRAD,
+        False,
+    )
+    assert int(out[3]) == 2
+
+
+def test_aliased_outputs_must_match_their_inputs():
+    """The table and slot outputs are the inputs updated in place: a smaller output would be
+    copied into and updated past its end when XLA does not alias it."""
+    table = jnp.zeros((10, 16), jnp.float32)
+    slot, unused = jnp.zeros((160,), jnp.float32), jnp.zeros((1,), jnp.float32)
+    hp = jnp.array([0.1, 1e-8, 0.0, 0.0], jnp.float32)
+    rows, grads = jnp.array([1, 2], jnp.int32), jnp.ones((2, 16), jnp.float32)
+    small_table = jnp.zeros((4, 16), jnp.float32)
+    update = _ffi._call(abi.Target.SPARSE_UPDATE, _optimizer_outputs(small_table, slot, unused))
+    _fails(
+        r"sparse_update: table output must have shape \[10, 16\] \(the table's: it is updated "
+        r"in place\), got shape \[4, 16\]",
+        lambda: update(table, slot, unused, rows, grads, hp, optimizer=np.int64(1)),
+    )
+    bf16_table = _ffi._call(
+        abi.Target.SPARSE_UPDATE,
+        _optimizer_outputs(table.astype(jnp.bfloat16), slot, unused),
+    )
+    _fails(
+        r"sparse_update: table output must be float32 \(the table's dtype\), got bfloat16",
+        lambda: bf16_table(table, slot, unused, rows, grads, hp, optimizer=np.int64(1)),
+    )
+    ids = jnp.array([1, 2], jnp.int32)
+    fused = _ffi._call(
+        abi.Target.SPARSE_GRAD_UPDATE,
+        (
+            *_optimizer_outputs(table, jnp.zeros((16,)), unused),
+            _ffi.result_type(ids, (), jnp.int32),
+            _ffi._dedup_workspace(ids),
+        ),
+    )
+    _fails(
+        r"sparse_grad_update: slot_a output must have shape \[160\] \(slot_a's: it is updated "
+        r"in place\), got shape \[16\]",
+        lambda: fused(
+            table,
+            slot,
+            unused,
+            grads,
+            ids,
+            jnp.array([0, 1]),
+            jnp.ones((2,)),
+            hp,
+            optimizer=np.int64(1),
+            per_id=np.int64(0),
+        ),
+    )
+
+
+def test_num_unique_must_be_a_scalar():
+    ids = jnp.array([3, 3, 1], jnp.int32)
+    call = _ffi._call(
+        abi.Target.UNIQUE,
+        (
+            _ffi.result_type(ids, (4,), ids.dtype),
+            _ffi.result_type(ids, (3,), jnp.int32),
+            _ffi.result_type(ids, (4,), jnp.int32),
+            _ffi.result_type(ids, (0,), jnp.int32),  # nowhere to write the count
+            _ffi._dedup_workspace(ids),
+        ),
+    )
+    _fails(r"unique: num_unique must have 1 elements \(a scalar\), got shape \[0\]", call, ids)

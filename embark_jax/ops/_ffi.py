@@ -52,12 +52,16 @@ def _workspace(like, nbytes: int):
     return result_type(like, (max(int(nbytes), 1) if on_gpu() else 1,), jnp.uint8)
 
 
-def _dedup_workspace(ids):
+def _dedup_workspace(ids, d: int = 0):
+    """The CUDA dedup's scratch for `ids`; with the split of hot ids' long runs into pieces
+    for gradient rows of width `d` > 0 (sparse_grad, sparse_grad_update; dedup.cuh)."""
     if not on_gpu():
         return _workspace(ids, 1)
     from embark_jax import _ffi_cuda
 
-    return _workspace(ids, _ffi_cuda.dedup_workspace_bytes(ids.shape[0], ids.dtype.itemsize))
+    return _workspace(
+        ids, _ffi_cuda.dedup_workspace_bytes(ids.shape[0], ids.dtype.itemsize, int(d))
+    )
 
 
 def _call(target: abi.Target, result_types, **kwargs):
@@ -72,9 +76,14 @@ def _call(target: abi.Target, result_types, **kwargs):
 
 def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int) -> jax.Array:
     values2 = values.reshape(values.shape[0], -1)
-    out = _call(
+    # The CUDA kernel adds bfloat16 values into a float32 [S, D] workspace (segment_sum.cu).
+    ws = 4 * num_segments * values2.shape[1] if values.dtype == jnp.bfloat16 else 1
+    out, _ = _call(
         abi.Target.SEGMENT_SUM,
-        result_type(values2, (num_segments, values2.shape[1]), values.dtype),
+        (
+            result_type(values2, (num_segments, values2.shape[1]), values.dtype),
+            _workspace(values2, ws),
+        ),
     )(values2, segment_ids)
     return out.reshape((num_segments, *values.shape[1:]))
 
@@ -84,8 +93,11 @@ def lookup_pool(
 ):
     d = table.shape[1]
     combiner_id = abi.CombinerId[combiner.upper()]
-    atomic = not sorted_segments and combiner_id is not abi.CombinerId.NONE
-    ws = 4 * num_out * (1 + d if atomic else 1)  # the CUDA kernel's scratch (lookup_pool.cu)
+    ws = 1
+    if on_gpu():  # the CUDA kernel's scratch (lookup_pool.cu)
+        from embark_jax import _ffi_cuda
+
+        ws = _ffi_cuda.lookup_pool_workspace_bytes(num_out, d, int(combiner_id))
     out, _ = _call(
         abi.Target.LOOKUP_POOL,
         (result_type(ids, (num_out, d), out_dtype), _workspace(ids, ws)),
@@ -120,7 +132,7 @@ def sparse_grad(grads, ids, segment_ids, scale, capacity: int, per_id: bool):
             result_type(ids, (capacity,), ids.dtype),
             result_type(ids, (capacity, grads.shape[1]), jnp.float32),
             result_type(ids, (), jnp.int32),
-            _dedup_workspace(ids),
+            _dedup_workspace(ids, grads.shape[1]),
         ),
     )(grads, ids, segment_ids, scale, per_id=np.int64(per_id))[:3]
 
@@ -147,7 +159,7 @@ def sparse_grad_update(
             result_type(slot_a, slot_a.shape, jnp.float32),
             result_type(slot_b, slot_b.shape, jnp.float32),
             result_type(ids, (), jnp.int32),
-            _dedup_workspace(ids),
+            _dedup_workspace(ids, table.shape[1]),
         ),
         input_output_aliases={0: 0, 1: 1, 2: 2},
     )(

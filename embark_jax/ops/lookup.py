@@ -45,8 +45,10 @@ def lookup_pool(
       weights: optional `[N]` per-id weights.
       combiner: `sum`, `mean`, `sqrtn` (output `[S, D]`) or `none` (output `[N, D]`).
       out_dtype: output dtype (default: the table's), float32 or bfloat16.
-      indices_are_sorted: the caller promises `segment_ids` ascending (true for
-        `SparseFeatures.flat`); the CUDA kernel then pools a bag per warp without atomics.
+      indices_are_sorted: a performance hint that `segment_ids` are ascending (true for
+        `SparseFeatures.flat`): the CUDA kernel then builds bag offsets and pools a bag per
+        warp without atomics. Both backends check the order themselves (O(N)), so unsorted
+        ids with the hint set still give the right result, on the slower path.
 
     Differentiable wrt `table` (a dense gradient: for small tables and tests; training uses
     `lookup_pool_backward`) and `weights`.

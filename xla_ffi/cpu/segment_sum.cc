@@ -29,7 +29,9 @@ void SegmentSumTyped(ffi::ThreadPool& pool, const T* values, const ffi::AnyBuffe
 }
 
 ffi::Error SegmentSumImpl(ffi::ThreadPool pool, ffi::AnyBuffer values, ffi::AnyBuffer segment_ids,
-                          ffi::Result<ffi::AnyBuffer> out) {
+                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace) {
+  // The workspace is the CUDA kernel's (same target signature); the CPU needs none.
+  (void)workspace;
   ffi::Error err = CheckSegmentSum(values, segment_ids, *out);
   if (err.failure()) return err;
   const int64_t n = values.dimensions()[0], d = values.dimensions()[1];
@@ -49,4 +51,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkSegmentSumCpu, embark::SegmentSumImpl,
                                   .Ctx<xla::ffi::ThreadPool>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>());
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>());  // workspace (CUDA only)

@@ -47,7 +47,8 @@ ffi::Error SparseGradImpl(ffi::ThreadPool pool, ffi::AnyBuffer grads, ffi::AnyBu
   const int64_t n = static_cast<int64_t>(ids.element_count());
   const int64_t cap = static_cast<int64_t>(unique_rows->element_count());
   ffi::Error err =
-      CheckSparseGrad(grads, ids, seg, scale, *unique_rows, *row_grads, per_id != 0);
+      CheckSparseGrad(grads, ids, seg, scale, *unique_rows, *row_grads, *num_unique,
+                      per_id != 0);
   if (err.failure()) return err;
   const int64_t d = grads.dimensions()[1];
   SortedIds s = SortValidIds(n, [&ids](int64_t i) { return LoadId(ids, i); });

@@ -55,7 +55,8 @@ ffi::Error SparseGradUpdateImpl(
     ffi::Result<ffi::Buffer<ffi::F32>> slot_b_out, ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
     ffi::Result<ffi::AnyBuffer> /*workspace: CUDA only*/, int64_t optimizer, int64_t per_id) {
   ffi::Error err = CheckSparseGradUpdate(table, slot_a, slot_b, grads, ids, seg, scale, hparams,
-                                         optimizer, per_id != 0);
+                                         optimizer, per_id != 0, *table_out, *slot_a_out,
+                                         *slot_b_out, *num_unique);
   if (err.failure()) return err;
   CopyIfNotAliased(table_out->untyped_data(), table.untyped_data(), table.size_bytes());
   CopyIfNotAliased(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes());

@@ -43,7 +43,8 @@ ffi::Error SparseUpdateImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buf
                             ffi::Result<ffi::AnyBuffer> table_out,
                             ffi::Result<ffi::Buffer<ffi::F32>> slot_a_out,
                             ffi::Result<ffi::Buffer<ffi::F32>> slot_b_out, int64_t optimizer) {
-  ffi::Error err = CheckSparseUpdate(table, slot_a, slot_b, rows, grads, hparams, optimizer);
+  ffi::Error err = CheckSparseUpdate(table, slot_a, slot_b, rows, grads, hparams, optimizer,
+                                     *table_out, *slot_a_out, *slot_b_out);
   if (err.failure()) return err;
   const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];
   const int64_t n = grads.dimensions()[0];

@@ -16,7 +16,7 @@ ffi::Error UniqueImpl(ffi::AnyBuffer ids, ffi::Result<ffi::AnyBuffer> unique,
                       ffi::Result<ffi::AnyBuffer> /*workspace: CUDA only*/) {
   const int64_t n = static_cast<int64_t>(ids.element_count());
   const int64_t cap = static_cast<int64_t>(unique->element_count());
-  ffi::Error err = CheckUnique(ids, *unique, *inverse, *counts);
+  ffi::Error err = CheckUnique(ids, *unique, *inverse, *counts, *num_unique);
   if (err.failure()) return err;
   SortedIds s = SortValidIds(n, [&ids](int64_t i) { return LoadId(ids, i); });
   std::vector<int64_t> starts = RunStarts(s.keys);

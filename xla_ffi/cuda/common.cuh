@@ -22,9 +22,6 @@ template <>
 struct DevElem<float> {
   static __device__ __forceinline__ float Load(const float* p, int64_t i) { return p[i]; }
   static __device__ __forceinline__ void Store(float* p, int64_t i, float v) { p[i] = v; }
-  static __device__ __forceinline__ void AtomicAdd(float* p, int64_t i, float v) {
-    atomicAdd(p + i, v);
-  }
 };
 template <>
 struct DevElem<__nv_bfloat16> {
@@ -34,10 +31,21 @@ struct DevElem<__nv_bfloat16> {
   static __device__ __forceinline__ void Store(__nv_bfloat16* p, int64_t i, float v) {
     p[i] = __float2bfloat16(v);
   }
-  static __device__ __forceinline__ void AtomicAdd(__nv_bfloat16* p, int64_t i, float v) {
-    atomicAdd(p + i, __float2bfloat16(v));
-  }
 };
+// Sums are accumulated in float32 (registers, or a float32 workspace with atomics) and
+// rounded to the output dtype once, as on the CPU: there is deliberately no bfloat16 atomic
+// add here (rounding after every add loses the sum, e.g. 1000 ones give 256).
+
+// Converts a float32 accumulator to the output dtype (the last pass of atomic reductions).
+// With `only_if` non-null, does nothing unless *only_if != 0 (a device-side decision).
+template <typename O>
+__global__ void ConvertKernel(const float* acc, int64_t count, O* out, const int32_t* only_if) {
+  if (only_if != nullptr && *only_if == 0) return;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < count;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    DevElem<O>::Store(out, e, acc[e]);
+  }
+}
 
 template <typename I>
 __device__ __forceinline__ int64_t DevLoadId(const I* ids, int64_t i) {
@@ -60,18 +68,33 @@ inline unsigned GridFor(int64_t work_items, int per_block) {
   return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
 }
 
-// Copies src to dst on the stream unless XLA aliased them (input_output_aliases).
-inline void CopyIfNotAliasedAsync(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
-  if (dst != src) cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+inline ffi::Error CudaError(const char* what, const char* call, cudaError_t err) {
+  return ffi::Error(ffi::ErrorCode::kInternal, std::string("embark_jax CUDA ") + what + ": " +
+                                                   call + ": " + cudaGetErrorString(err));
 }
 
+// The status of the launches so far (cudaGetLastError), as an FFI error.
 inline ffi::Error CudaStatus(const char* what) {
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return ffi::Error(ffi::ErrorCode::kInternal,
-                      std::string("embark_jax CUDA ") + what + ": " + cudaGetErrorString(err));
-  }
+  if (err != cudaSuccess) return CudaError(what, "kernel launch", err);
   return ffi::Error::Success();
+}
+
+// Evaluates a CUDA/CUB call returning cudaError_t; returns an FFI error from the handler if
+// it failed.
+#define EMBARK_CUDA_RETURN_IF_ERROR(what, call)                  \
+  do {                                                           \
+    cudaError_t embark_err_ = (call);                            \
+    if (embark_err_ != cudaSuccess) {                            \
+      return ::embark::CudaError(what, #call, embark_err_);      \
+    }                                                            \
+  } while (0)
+
+// Copies src to dst on the stream unless XLA aliased them (input_output_aliases).
+inline cudaError_t CopyIfNotAliasedAsync(void* dst, const void* src, size_t bytes,
+                                         cudaStream_t stream) {
+  if (dst == src || bytes == 0) return cudaSuccess;
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
 }
 
 }  // namespace embark

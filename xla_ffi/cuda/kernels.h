@@ -13,6 +13,9 @@ EMBARK_ABI_TARGETS(EMBARK_DECLARE_CUDA_HANDLER)
 #undef EMBARK_DECLARE_CUDA_HANDLER
 
 namespace embark {
-// Bytes of the dedup workspace for n ids of key_bytes (4 or 8); see dedup.cuh.
-size_t DedupWorkspaceBytes(int64_t n, int key_bytes);
+// Bytes of the dedup workspace for n ids of key_bytes (4 or 8), with the long-run split for
+// gradient rows of width d when d > 0 (sparse_grad, sparse_grad_update); see dedup.cuh.
+size_t DedupWorkspaceBytes(int64_t n, int key_bytes, int64_t d);
+// Bytes of the lookup_pool workspace for num_out bags of width d; see lookup_pool.cu.
+size_t LookupPoolWorkspaceBytes(int64_t num_out, int64_t d, int64_t combiner);
 }  // namespace embark

@@ -25,5 +25,10 @@ PYBIND11_MODULE(_ffi_cuda, m) {
     return d;
   });
   m.def("dedup_workspace_bytes", &embark::DedupWorkspaceBytes, py::arg("n"), py::arg("key_bytes"),
-        "Workspace bytes the dedup-based kernels need for n ids (queries CUB; needs a GPU).");
+        py::arg("d") = 0,
+        "Workspace bytes the dedup-based kernels need for n ids, with the split of long runs "
+        "for gradient rows of width d > 0 (queries CUB; needs a GPU).");
+  m.def("lookup_pool_workspace_bytes", &embark::LookupPoolWorkspaceBytes, py::arg("num_out"),
+        py::arg("d"), py::arg("combiner"),
+        "Workspace bytes lookup_pool needs for num_out output rows of width d.");
 }

@@ -2,7 +2,9 @@
 //
 // Both dedup the ids (CUB sort in the workspace) and give one warp per unique row, which
 // reduces scale[i] * grads[src(i)] over the row's run in registers (128 columns per chunk,
-// coalesced). sparse_grad writes the reduced rows ([C] slots, overflow counted through
+// coalesced). Runs longer than kLongRun ids (hot ids) are first split into pieces that
+// separate warps reduce into partial rows (PiecesKernel); the row's warp then sums its
+// pieces instead of walking the run. sparse_grad writes the reduced rows ([C] slots, overflow counted through
 // num_unique); sparse_grad_update applies the optimizer to the table row right away
 // (in place, outputs alias inputs), with no gradient buffer and no capacity.
 #include "dedup.cuh"
@@ -30,13 +32,13 @@ __device__ __forceinline__ float LoadGrad(const GradArgs& g, int64_t e) {
                       : static_cast<const float*>(g.grads)[e];
 }
 
-// Accumulates the 128-column chunk c0 of unique slot k into acc[kR] (lane-strided columns).
-__device__ __forceinline__ void AccumulateChunk(const DedupView& v, const GradArgs& g, int64_t k,
-                                                int64_t c0, float* acc) {
+// Accumulates the 128-column chunk c0 of the sorted ids [t0, t1) into acc[kR] (lane-strided
+// columns).
+__device__ __forceinline__ void AccumulateRange(const DedupView& v, const GradArgs& g, int64_t t0,
+                                                int64_t t1, int64_t c0, float* acc) {
   const int lane = threadIdx.x & 31;
   for (int r = 0; r < kR; ++r) acc[r] = 0.0f;
-  const int64_t end = v.run_start[k + 1];
-  for (int64_t t = v.run_start[k]; t < end; ++t) {
+  for (int64_t t = t0; t < t1; ++t) {
     const int64_t i = v.positions[t];
     const int64_t src = g.per_id ? i : DevLoadIdAny(g.seg, g.seg64, i);
     if (src < 0 || src >= g.num_src) continue;
@@ -46,6 +48,58 @@ __device__ __forceinline__ void AccumulateChunk(const DedupView& v, const GradAr
       if (j < g.d) acc[r] += c * LoadGrad(g, src * g.d + j);
     }
   }
+}
+
+// Accumulates the 128-column chunk c0 of unique slot k's gradient into acc[kR]: its run, or
+// the sum of its pieces' partial rows when the run was split.
+__device__ __forceinline__ void AccumulateChunk(const DedupView& v, const GradArgs& g, int64_t k,
+                                                int64_t c0, float* acc) {
+  if (!IsSplit(v, k)) {
+    AccumulateRange(v, g, v.run_start[k], v.run_start[k + 1], c0, acc);
+    return;
+  }
+  const int lane = threadIdx.x & 31;
+  for (int r = 0; r < kR; ++r) acc[r] = 0.0f;
+  const int64_t end = v.piece_end[k];
+  for (int64_t q = end - v.piece_count[k]; q < end; ++q) {
+    for (int r = 0; r < kR; ++r) {
+      const int64_t j = c0 + lane + 32 * r;
+      if (j < g.d) acc[r] += v.partial[q * g.d + j];
+    }
+  }
+}
+
+// One warp per piece of the long runs: reduces the piece's ids into its partial row.
+__global__ void PiecesKernel(DedupView v, GradArgs g, int64_t n) {
+  const int lane = threadIdx.x & 31;
+  const int64_t total = v.piece_end[n - 1];
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+       q < total; q += warps) {
+    int64_t lo = 0, hi = n - 1;  // the slot: the first k with piece_end[k] > q
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) >> 1;
+      if (v.piece_end[mid] > q) hi = mid; else lo = mid + 1;
+    }
+    const int64_t p = q - (v.piece_end[lo] - v.piece_count[lo]);
+    const int64_t t0 = v.run_start[lo] + p * kPiece;
+    const int64_t run_end = v.run_start[lo + 1];
+    const int64_t t1 = t0 + kPiece < run_end ? t0 + kPiece : run_end;
+    for (int64_t c0 = 0; c0 < g.d; c0 += 32 * kR) {
+      float acc[kR];
+      AccumulateRange(v, g, t0, t1, c0, acc);
+      for (int r = 0; r < kR; ++r) {
+        const int64_t j = c0 + lane + 32 * r;
+        if (j < g.d) v.partial[q * g.d + j] = acc[r];
+      }
+    }
+  }
+}
+
+// Reduces the pieces of the long runs (after RunDedup with d > 0, before the per-row pass).
+void LaunchPieces(cudaStream_t stream, const DedupView& v, const GradArgs& g, int64_t n) {
+  if (n == 0 || v.piece_count == nullptr) return;
+  PiecesKernel<<<GridFor(v.max_pieces, 8), 256, 0, stream>>>(v, g, n);
 }
 
 __global__ void SparseGradKernel(DedupView v, bool ids64, GradArgs g, int64_t cap,
@@ -122,15 +176,18 @@ ffi::Error SparseGradCudaImpl(cudaStream_t stream, ffi::AnyBuffer grads, ffi::An
                               ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
                               ffi::Result<ffi::AnyBuffer> workspace, int64_t per_id) {
   ffi::Error err =
-      CheckSparseGrad(grads, ids, seg, scale, *unique_rows, *row_grads, per_id != 0);
+      CheckSparseGrad(grads, ids, seg, scale, *unique_rows, *row_grads, *num_unique,
+                      per_id != 0);
   if (err.failure()) return err;
   const bool ids64 = ids.element_type() == ffi::DataType::S64;
   const int64_t cap = static_cast<int64_t>(unique_rows->element_count());
   DedupView v;
-  err = RunDedup(stream, ids.untyped_data(), ids64, ids.element_count(),
+  const int64_t n = static_cast<int64_t>(ids.element_count());
+  err = RunDedup(stream, ids.untyped_data(), ids64, n, /*vocab=*/0, grads.dimensions()[1],
                  workspace->untyped_data(), workspace->size_bytes(), num_unique->typed_data(), &v);
   if (err.failure()) return err;
   GradArgs g = MakeGradArgs(grads, seg, per_id != 0, scale.typed_data());
+  LaunchPieces(stream, v, g, n);
   SparseGradKernel<<<GridFor(cap, 8), 256, 0, stream>>>(
       v, ids64, g, cap, unique_rows->untyped_data(), row_grads->typed_data());
   return CudaStatus("sparse_grad");
@@ -144,18 +201,29 @@ ffi::Error SparseGradUpdateCudaImpl(
     ffi::Result<ffi::Buffer<ffi::F32>> slot_b_out, ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
     ffi::Result<ffi::AnyBuffer> workspace, int64_t optimizer, int64_t per_id) {
   ffi::Error err = CheckSparseGradUpdate(table, slot_a, slot_b, grads, ids, seg, scale, hparams,
-                                         optimizer, per_id != 0);
+                                         optimizer, per_id != 0, *table_out, *slot_a_out,
+                                         *slot_b_out, *num_unique);
   if (err.failure()) return err;
   // Outputs alias inputs (input_output_aliases); copy on the stream if XLA did not alias.
-  CopyIfNotAliasedAsync(table_out->untyped_data(), table.untyped_data(), table.size_bytes(), stream);
-  CopyIfNotAliasedAsync(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes(), stream);
-  CopyIfNotAliasedAsync(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes(), stream);
+  EMBARK_CUDA_RETURN_IF_ERROR(
+      "sparse_grad_update", CopyIfNotAliasedAsync(table_out->untyped_data(), table.untyped_data(),
+                                                  table.size_bytes(), stream));
+  EMBARK_CUDA_RETURN_IF_ERROR(
+      "sparse_grad_update", CopyIfNotAliasedAsync(slot_a_out->typed_data(), slot_a.typed_data(),
+                                                  slot_a.size_bytes(), stream));
+  EMBARK_CUDA_RETURN_IF_ERROR(
+      "sparse_grad_update", CopyIfNotAliasedAsync(slot_b_out->typed_data(), slot_b.typed_data(),
+                                                  slot_b.size_bytes(), stream));
   const bool ids64 = ids.element_type() == ffi::DataType::S64;
   DedupView v;
-  err = RunDedup(stream, ids.untyped_data(), ids64, ids.element_count(),
-                 workspace->untyped_data(), workspace->size_bytes(), num_unique->typed_data(), &v);
+  // ids >= V are padding here (the update skips them), so the sort needs only V's bits.
+  const int64_t n = static_cast<int64_t>(ids.element_count());
+  err = RunDedup(stream, ids.untyped_data(), ids64, n, table.dimensions()[0],
+                 table.dimensions()[1], workspace->untyped_data(), workspace->size_bytes(),
+                 num_unique->typed_data(), &v);
   if (err.failure()) return err;
   GradArgs g = MakeGradArgs(grads, seg, per_id != 0, scale.typed_data());
+  LaunchPieces(stream, v, g, n);
   const unsigned grid = GridFor(static_cast<int64_t>(ids.element_count()), 8);
   err = DispatchFloat<DevBf16>("sparse_grad_update", "table", table.element_type(), [&](auto tag) {
     using T = EMBARK_TYPE(tag);

@@ -31,14 +31,15 @@ ffi::Error UniqueCudaImpl(cudaStream_t stream, ffi::AnyBuffer ids,
                           ffi::Result<ffi::Buffer<ffi::S32>> counts,
                           ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
                           ffi::Result<ffi::AnyBuffer> workspace) {
-  ffi::Error err = CheckUnique(ids, *unique, *inverse, *counts);
+  ffi::Error err = CheckUnique(ids, *unique, *inverse, *counts, *num_unique);
   if (err.failure()) return err;
   const int64_t n = static_cast<int64_t>(ids.element_count());
   const int64_t cap = static_cast<int64_t>(unique->element_count());
   const bool ids64 = ids.element_type() == ffi::DataType::S64;
   DedupView v;
-  err = RunDedup(stream, ids.untyped_data(), ids64, n, workspace->untyped_data(),
-                 workspace->size_bytes(), num_unique->typed_data(), &v);
+  err = RunDedup(stream, ids.untyped_data(), ids64, n, /*vocab=*/0, /*d=*/0,
+                 workspace->untyped_data(), workspace->size_bytes(), num_unique->typed_data(),
+                 &v);
   if (err.failure()) return err;
   const int64_t work = n > cap ? n : cap;
   UniqueOutputs<<<GridFor(work, 256), 256, 0, stream>>>(v, ids64, n, cap, unique->untyped_data(),

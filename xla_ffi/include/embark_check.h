@@ -85,6 +85,19 @@ class Check {
                 what + "), got shape " + ShapeString(b.dimensions()));
   }
 
+  // The operand has the shape of `like`; `what` says why (e.g. an aliased output).
+  template <typename B, typename L>
+  Check& SameShape(const char* operand, const B& b, const L& like, const char* what) {
+    if (failed()) return *this;
+    auto x = b.dimensions();
+    auto y = like.dimensions();
+    bool same = x.size() == y.size();
+    for (size_t i = 0; same && i < x.size(); ++i) same = x[i] == y[i];
+    if (same) return *this;
+    return Fail(std::string(operand) + " must have shape " + ShapeString(y) + " (" + what +
+                "), got shape " + ShapeString(x));
+  }
+
   // The operand has at least `need` elements; `what` says why.
   template <typename B>
   Check& MinCount(const char* operand, const B& b, int64_t need, const std::string& what) {

@@ -54,11 +54,13 @@ inline ffi::Error CheckLookupPool(const ffi::AnyBuffer& table, const ffi::AnyBuf
   return c.failed() ? c.error() : ffi::Error::Success();
 }
 
-// embark_unique: ids [N] int; unique_ids [C] as ids; inverse [N]; counts [C].
+// embark_unique: ids [N] int; unique_ids [C] as ids; inverse [N]; counts [C]; num_unique [].
 inline ffi::Error CheckUnique(const ffi::AnyBuffer& ids, const ffi::AnyBuffer& unique,
-                              const S32Buffer& inverse, const S32Buffer& counts) {
+                              const S32Buffer& inverse, const S32Buffer& counts,
+                              const S32Buffer& num_unique) {
   Check c("unique");
   c.IdType("ids", ids.element_type())
+      .Count("num_unique", num_unique, 1, "a scalar")
       .Type("unique_ids", unique.element_type(), ids.element_type(), "the dtype of ids")
       .Count("inverse", inverse, static_cast<int64_t>(ids.element_count()), "[N], one per id")
       .Count("counts", counts, static_cast<int64_t>(unique.element_count()),
@@ -82,13 +84,14 @@ inline void CheckGradOperands(Check& c, const ffi::AnyBuffer& grads, const ffi::
   }
 }
 
-// embark_sparse_grad: the gradient operands; unique_rows [C] as ids; row_grads [C, D].
+// embark_sparse_grad: the gradient operands; unique_rows [C] as ids; row_grads [C, D];
+// num_unique [].
 inline ffi::Error CheckSparseGrad(const ffi::AnyBuffer& grads, const ffi::AnyBuffer& ids,
                                   const ffi::AnyBuffer& seg, const F32Buffer& scale,
                                   const ffi::AnyBuffer& unique_rows, const F32Buffer& row_grads,
-                                  bool per_id) {
+                                  const S32Buffer& num_unique, bool per_id) {
   Check c("sparse_grad");
-  c.Rank("row_grads", row_grads, 2, "[C, D]");
+  c.Rank("row_grads", row_grads, 2, "[C, D]").Count("num_unique", num_unique, 1, "a scalar");
   if (c.failed()) return c.error();
   CheckGradOperands(c, grads, ids, seg, scale, per_id, row_grads.dimensions()[1],
                     "D, the width of row_grads");
@@ -115,13 +118,26 @@ inline void CheckOptimizerOperands(Check& c, const ffi::AnyBuffer& table, const 
       .MinCount("slot_b", slot_b, abi::SlotElements(optimizer, 1, vocab, d), why);
 }
 
-// embark_sparse_update: the optimizer operands; rows [C] int; grads [C, D] f32.
+// The table and slot outputs of the optimizer kernels alias their inputs (or are copies of
+// them when XLA did not alias): same shapes and dtype, so the copy and the update stay inside.
+inline void CheckOptimizerOutputs(Check& c, const ffi::AnyBuffer& table, const F32Buffer& slot_a,
+                                  const F32Buffer& slot_b, const ffi::AnyBuffer& table_out,
+                                  const F32Buffer& slot_a_out, const F32Buffer& slot_b_out) {
+  c.SameShape("table output", table_out, table, "the table's: it is updated in place")
+      .Type("table output", table_out.element_type(), table.element_type(), "the table's dtype")
+      .SameShape("slot_a output", slot_a_out, slot_a, "slot_a's: it is updated in place")
+      .SameShape("slot_b output", slot_b_out, slot_b, "slot_b's: it is updated in place");
+}
+
+// embark_sparse_update: the optimizer operands and outputs; rows [C] int; grads [C, D] f32.
 inline ffi::Error CheckSparseUpdate(const ffi::AnyBuffer& table, const F32Buffer& slot_a,
                                     const F32Buffer& slot_b, const ffi::AnyBuffer& rows,
                                     const F32Buffer& grads, const F32Buffer& hparams,
-                                    int64_t optimizer) {
+                                    int64_t optimizer, const ffi::AnyBuffer& table_out,
+                                    const F32Buffer& slot_a_out, const F32Buffer& slot_b_out) {
   Check c("sparse_update");
   CheckOptimizerOperands(c, table, slot_a, slot_b, hparams, optimizer);
+  CheckOptimizerOutputs(c, table, slot_a, slot_b, table_out, slot_a_out, slot_b_out);
   if (c.failed()) return c.error();
   c.Rank("grads", grads, 2, "[C, D]")
       .Dim("grads", grads, 1, table.dimensions()[1], "D, the table's width")
@@ -131,14 +147,20 @@ inline ffi::Error CheckSparseUpdate(const ffi::AnyBuffer& table, const F32Buffer
   return c.failed() ? c.error() : ffi::Error::Success();
 }
 
-// embark_sparse_grad_update: the optimizer and the gradient operands.
+// embark_sparse_grad_update: the optimizer operands and outputs, the gradient operands, and
+// num_unique [].
 inline ffi::Error CheckSparseGradUpdate(const ffi::AnyBuffer& table, const F32Buffer& slot_a,
                                         const F32Buffer& slot_b, const ffi::AnyBuffer& grads,
                                         const ffi::AnyBuffer& ids, const ffi::AnyBuffer& seg,
                                         const F32Buffer& scale, const F32Buffer& hparams,
-                                        int64_t optimizer, bool per_id) {
+                                        int64_t optimizer, bool per_id,
+                                        const ffi::AnyBuffer& table_out,
+                                        const F32Buffer& slot_a_out, const F32Buffer& slot_b_out,
+                                        const S32Buffer& num_unique) {
   Check c("sparse_grad_update");
   CheckOptimizerOperands(c, table, slot_a, slot_b, hparams, optimizer);
+  CheckOptimizerOutputs(c, table, slot_a, slot_b, table_out, slot_a_out, slot_b_out);
+  c.Count("num_unique", num_unique, 1, "a scalar");
   if (c.failed()) return c.error();
   CheckGradOperands(c, grads, ids, seg, scale, per_id, table.dimensions()[1],
                     "D, the table's width");

@@ -1,0 +1,114 @@
+"""Contracts the CPU and CUDA kernels share, checked on whichever backend runs the tests (the
+CPU here, the GPU under experiments/gpu_check.sh):
+
+- `indices_are_sorted` is a hint: both kernels check the order themselves, so unsorted
+  segment ids with the flag set still give the right bags (only more slowly);
+- the sorted pooling path handles segment ids outside [0, S), empty bags, padding and ids
+  >= V, at every width class (the CUDA kernel picks 8, 16 or 32 lanes per row and scalar or
+  4-wide loads from D);
+- bfloat16 sums are added in float32 and rounded once (segment_sum, pooling)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from embark_jax import ops
+from tests import numpy_ref
+from tests.test_kernels import x64
+
+pytestmark = pytest.mark.smoke
+
+POOLED = ["sum", "mean", "sqrtn"]
+
+
+def _sorted_bags(rng, b, h, vocab, id_dtype=np.int32):
+    ids = rng.integers(0, vocab + 3, size=(b, h))  # some ids >= V: padding
+    ids[rng.random((b, h)) < 0.2] = -1
+    ids[b // 2] = -1  # an empty bag
+    lengths = rng.integers(0, h + 1, size=b)  # ragged bags, some of length 0
+    seg = np.concatenate([np.full(n, s) for s, n in enumerate(lengths)])
+    ids = np.concatenate([ids[s, :n] for s, n in enumerate(lengths)])
+    return ids.astype(id_dtype), seg.astype(np.int32)
+
+
+@pytest.mark.parametrize("combiner", POOLED)
+@pytest.mark.parametrize("id64", [False, True])
+@pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
+def test_sorted_hint_with_unsorted_ids_gives_the_right_bags(rng, combiner, id64, table_dtype):
+    with x64(id64):
+        table = rng.normal(size=(50, 16)).astype(np.float32)
+        ids, seg = _sorted_bags(rng, 20, 6, 50, np.int64 if id64 else np.int32)
+        perm = rng.permutation(ids.shape[0])
+        ids, seg = ids[perm], seg[perm]
+        assert np.any(np.diff(seg) < 0)
+        w = rng.uniform(0.2, 2.0, size=ids.shape).astype(np.float32)
+        t = jnp.asarray(table, table_dtype)
+        got = jax.jit(
+            lambda t, i, s, w: ops.lookup_pool(t, i, s, 20, w, combiner, indices_are_sorted=True)
+        )(t, jnp.asarray(ids), jnp.asarray(seg), jnp.asarray(w))
+        want = numpy_ref.lookup_pool(np.asarray(t, np.float32), ids, seg, 20, w, combiner)
+        tol = 1e-5 if table_dtype == jnp.float32 else 1e-2
+        np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dim", [3, 8, 13, 16, 40, 64, 128, 200])
+@pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
+def test_sorted_path_every_width(rng, dim, table_dtype):
+    table = jnp.asarray(rng.normal(size=(60, dim)), table_dtype)
+    ids, seg = _sorted_bags(rng, 24, 40, 60)  # bags longer than a warp's 32 ids
+    # segment ids outside [0, S) at both ends of the sorted order are dropped
+    seg = np.concatenate([[-1, -1], seg, [24, 30]]).astype(np.int32)
+    ids = np.concatenate([[1, 2], ids, [3, 4]]).astype(np.int32)
+    w = rng.uniform(0.2, 2.0, size=ids.shape).astype(np.float32)
+    for combiner in POOLED:
+        got = ops.lookup_pool(
+            table,
+            jnp.asarray(ids),
+            jnp.asarray(seg),
+            24,
+            jnp.asarray(w),
+            combiner,
+            indices_are_sorted=True,
+            out_dtype=jnp.float32,
+        )
+        want = numpy_ref.lookup_pool(np.asarray(table, np.float32), ids, seg, 24, w, combiner)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4, err_msg=combiner)
+
+
+def test_sorted_path_with_no_ids_and_all_padding():
+    table = jnp.ones((10, 8), jnp.float32)
+    empty = jnp.zeros((0,), jnp.int32)
+    out = ops.lookup_pool(table, empty, empty, 5, None, "mean", indices_are_sorted=True)
+    np.testing.assert_array_equal(np.asarray(out), np.zeros((5, 8)))
+    pad = jnp.array([-1, 10, 12, -5], jnp.int32)
+    seg = jnp.array([0, 0, 2, 3], jnp.int32)
+    out = ops.lookup_pool(table, pad, seg, 5, None, "sqrtn", indices_are_sorted=True)
+    np.testing.assert_array_equal(np.asarray(out), np.zeros((5, 8)))
+
+
+def test_bf16_segment_sum_adds_in_float32():
+    """1000 ones into one segment: 1000 (rounding after each bfloat16 add stops at 256)."""
+    ones = jnp.ones((1000, 4), jnp.bfloat16)
+    out = ops.segment_sum(ones, jnp.zeros((1000,), jnp.int32), 2)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out, np.float32), [[1000.0] * 4, [0.0] * 4])
+
+
+def test_bf16_segment_sum_rounds_once(rng):
+    v = jnp.asarray(rng.normal(size=(4000, 8)), jnp.bfloat16)
+    seg = jnp.asarray(rng.integers(-1, 3, size=4000), jnp.int32)
+    got = np.asarray(ops.segment_sum(v, seg, 3), np.float32)
+    exact = numpy_ref.segment_sum(np.asarray(v, np.float64), np.asarray(seg), 3)
+    # one rounding of a float32 sum: within half a bfloat16 ulp (2^-9 relative) plus a
+    # little for the float32 adds; per-add rounding is off by far more on 1300 terms
+    np.testing.assert_allclose(got, exact, rtol=2.0**-8, atol=1e-3)
+
+
+def test_bf16_pooling_adds_in_float32():
+    table = jnp.ones((4, 8), jnp.bfloat16)
+    ids = jnp.zeros((1000,), jnp.int32)
+    seg = jnp.zeros((1000,), jnp.int32)
+    for srt in (True, False):
+        out = ops.lookup_pool(table, ids, seg, 1, None, "sum", indices_are_sorted=srt)
+        np.testing.assert_array_equal(np.asarray(out, np.float32), np.full((1, 8), 1000.0))
