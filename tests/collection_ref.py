@@ -1,5 +1,6 @@
-"""Single-device reference of an embedding collection: forward from full tables, and the
-optimizer update of every table from the merged per-id gradients of all its features."""
+"""Single-device reference of an embedding collection: forward from full tables, the
+optimizer update of every table from the merged per-id gradients of all its features, and
+(`routed`) what a routed group delivers when its buckets overflow."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +8,7 @@ import numpy as np
 from embark_jax import ops
 from embark_jax.core.specs import Combiner
 from embark_jax.ops.lookup import id_scale
+from tests import numpy_ref
 
 
 def forward(config, tables, batch):
@@ -46,3 +48,21 @@ def update(config, tables, batch, grads, optimizer, states=None):
         new_t[t.name], new_s[t.name] = np.asarray(table), state
     del b
     return new_t, new_s
+
+
+def routed(coll, batch):
+    """`(outputs, lost per table)` of a collection whose tables form one RB or UB group,
+    from the numpy bucket simulation at the capacities its cluster allocated."""
+    from embark_jax.sharding.collection import _clusters_for
+
+    lowered = coll.lowered
+    (group,) = lowered.groups
+    cl = _clusters_for(lowered, batch, coll.options)[group.name]
+    tables = coll.full_tables()
+    devices = {tp.name: tp.devices for tp in lowered.plan.tables}
+    feats = [(f.name, f.table, f.combiner.value) for f in lowered.features_of(group)]
+    ids = {n: np.asarray(batch.ids[n]) for n in batch.feature_names}
+    g = lowered.num_devices
+    if group.cluster.value == "rb":
+        return numpy_ref.rb_lookup(tables, devices, feats, ids, g, cl.capacity)
+    return numpy_ref.ub_lookup(tables, devices, feats, ids, g, cl.capacity, cl.unique_capacity)

@@ -1,6 +1,9 @@
 """Capacity sizing (`embark_jax.sharding.capacity`): the numbers the clusters allocate."""
 
+import math
+
 import numpy as np
+import pytest
 
 from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.plan import Plan, TablePlan, Topology
@@ -8,7 +11,9 @@ from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
 from embark_jax.data.sparse import SparseFeatures
 from embark_jax.sharding.capacity import (
     DEFAULT_CAPACITY_FACTOR,
+    TAIL_PROBABILITY,
     TableCapacity,
+    binomial_capacity,
     derive_capacities,
     group_capacity,
     grow_capacities,
@@ -50,14 +55,38 @@ def _setup(cluster, r=4, cf=None, uc=None):
 HOT = {"f": 8, "f2": 3, "g": 2}
 
 
+def _tail(n, r, c):
+    """P(Binomial(n, 1/r) > c), exactly (fractions), for the independent check."""
+    from fractions import Fraction
+
+    p = Fraction(1, r)
+    return float(sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(c + 1, n + 1)))
+
+
+@pytest.mark.parametrize(
+    ("n", "r"), [(1, 4), (8, 4), (16, 4), (22, 4), (64, 4), (200, 8), (300, 2)]
+)
+def test_binomial_capacity_is_the_least_with_a_tiny_tail(n, r):
+    c = binomial_capacity(n, r)
+    assert c <= n
+    assert _tail(n, r, c) < TAIL_PROBABILITY
+    if c > 0:
+        assert _tail(n, r, c - 1) >= TAIL_PROBABILITY  # the least such c
+    assert binomial_capacity(n, 1) == n  # one shard gets everything
+
+
 def test_rb_capacities():
     lowered = _setup("rb")
     opts = RuntimeOptions()
-    # per feature: ceil(2.0 * b * H / r), at most b * H
-    assert table_capacity(lowered, "rw", 2, HOT, opts) == TableCapacity(bucket=8 + 3)
+    # default: the binomial tail of the table's 2 * (8 + 3) = 22 slots over 4 row shards
+    assert binomial_capacity(22, 4) == 16
+    assert table_capacity(lowered, "rw", 2, HOT, opts) == TableCapacity(bucket=16)
     assert table_capacity(lowered, "tw", 2, HOT, opts) == TableCapacity(bucket=4)  # worst case
+    # small counts get (nearly) their worst case: P(all 11 on one shard) = 4**-11 < 1e-6
+    assert table_capacity(lowered, "rw", 1, HOT, opts) == TableCapacity(bucket=10)
+    assert binomial_capacity(8, 4) == 8
     # device 1 holds a rw shard and the tw table
-    assert group_capacity(lowered, lowered.groups[0], 2, HOT, opts) == 11 + 4
+    assert group_capacity(lowered, lowered.groups[0], 2, HOT, opts) == 16 + 4
     # the table's factor wins over the options', which wins over the default
     assert (
         table_capacity(lowered, "rw", 2, HOT, RuntimeOptions(capacity_factor=1.0)).bucket == 4 + 2
@@ -75,10 +104,16 @@ def test_ub_capacities():
     lowered = _setup("ub", uc=10)
     opts = RuntimeOptions()
     cap = table_capacity(lowered, "rw", 2, HOT, opts)
-    assert cap == TableCapacity(bucket=5, unique=10)  # min(22 slots, V, 10); ceil(2 * 10 / 4)
+    # unique: min(22 slots, V, 10); bucket: the binomial tail of 10 unique ids over 4 shards
+    assert binomial_capacity(10, 4) == 9
+    assert cap == TableCapacity(bucket=9, unique=10)
     assert table_capacity(lowered, "tw", 2, HOT, opts) == TableCapacity(bucket=4, unique=4)
+    # an explicit factor overrides: ceil(2 * 10 / 4)
+    cf = RuntimeOptions(capacity_factor=2.0)
+    assert table_capacity(lowered, "rw", 2, HOT, cf) == TableCapacity(bucket=5, unique=10)
     big = _setup("ub")
-    assert table_capacity(big, "rw", 64, HOT, opts).unique == 64  # at most the vocabulary
+    # at most the vocabulary; a row shard receives at most its 64 / 4 rows
+    assert table_capacity(big, "rw", 64, HOT, opts) == TableCapacity(bucket=16, unique=64)
 
 
 def test_clusters_allocate_the_sized_capacities():
@@ -104,6 +139,21 @@ def test_grow_doubles_the_factor_in_effect():
     grown = grow_capacities(plan, ["rw", "tw"], RuntimeOptions(capacity_factor=1.5))
     assert grown.table("tw").capacity_factor == 3.0
     assert grown.table("tw").unique_capacity is None
+
+
+def test_grow_from_the_default_sizing_never_shrinks_a_bucket():
+    opts = RuntimeOptions()
+    for cluster in ("rb", "ub"):
+        lowered = _setup(cluster, r=8)
+        hot = {f.name: f.max_hotness for f in lowered.config.features}
+        before = table_capacity(lowered, "rw", 2, hot, opts).bucket
+        grown = grow_capacities(lowered.plan, ["rw"], opts, config=lowered.config)
+        after = table_capacity(lower(grown, lowered.config), "rw", 2, hot, opts).bucket
+        # grows, unless already at the most that can arrive: all 22 slots (rb), or the 64 / 8
+        # rows of a shard (ub: unique ids)
+        assert after > before or after == {"rb": 22, "ub": 8}[cluster], (cluster, before, after)
+        # the default sizing amounts to more than DEFAULT_CAPACITY_FACTOR at this size
+        assert grown.table("rw").capacity_factor > 2 * DEFAULT_CAPACITY_FACTOR
 
 
 def test_derive_capacities_from_skewed_batches():

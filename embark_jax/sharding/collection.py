@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,13 @@ from embark_jax.core.plan import Plan
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import SparseFeatures
 from embark_jax.ops.optimizers import SparseOptimizer
+from embark_jax.sharding.bounds import bounds_check
+from embark_jax.sharding.checks import (
+    CapacityOverflowError,
+    InvalidIdError,
+    check_invalid,
+    check_overflow,
+)
 from embark_jax.sharding.clusters import CLUSTERS, ClusterBase
 from embark_jax.sharding.lowering import Lowered, lower
 
@@ -34,15 +41,32 @@ __all__ = [
     "EmbeddingCollection",
     "EmbeddingOptState",
     "EmbeddingTable",
+    "InvalidIdError",
+    "LookupOutputs",
+    "LookupResult",
     "apply_gradients_fn",
+    "check_invalid",
     "check_overflow",
     "lookup_fn",
     "per_table_optimizers",
 ]
 
 
-class CapacityOverflowError(RuntimeError):
-    """Ids did not fit a routing or dedup capacity (strict mode)."""
+class LookupOutputs(NamedTuple):
+    """What `lookup_fn(..., with_invalid=True)` returns.
+
+    outputs: feature -> `[B, d]` (pooled) or `[B, H, d]` (`none`), sharded by sample.
+    residuals: group -> the cluster's routing residuals (leading device axis).
+    overflow: `[num_tables]` int32, plan order, summed over devices: id occurrences whose
+      vector (any column slice of it) was lost to a routing or dedup capacity.
+    invalid: `[num_tables]` int32, plan order, summed over devices: ids `< -1` or
+      `>= vocab_size` of their table, dropped like padding (`embark_jax.sharding.bounds`).
+    """
+
+    outputs: dict[str, jax.Array]
+    residuals: Any
+    overflow: jax.Array
+    invalid: jax.Array
 
 
 class EmbeddingTable(nnx.Param):
@@ -90,12 +114,18 @@ def lookup_fn(
     options: RuntimeOptions,
     buffers: Mapping[str, jax.Array],
     batch: SparseFeatures,
+    *,
+    with_invalid: bool = False,
 ):
-    """Functional lookup: `(outputs, residuals, overflow)`.
+    """Functional lookup: `(outputs, residuals, overflow)`, or with `with_invalid=True` a
+    `LookupOutputs` `(outputs, residuals, overflow, invalid)`.
 
     `outputs[feature]` is `[B, d]` or `[B, H, d]`; `residuals` are the routing arrays the
-    backward needs (per device); `overflow` is `[num_tables]` int32, summed over devices,
-    in `lowered.plan.tables` order. Differentiable wrt `buffers`.
+    backward needs (per device); `overflow` and `invalid` are `[num_tables]` int32, summed
+    over devices, in `lowered.plan.tables` order (see `LookupOutputs`). Ids outside their
+    table are always dropped like padding (never read or update another table's rows);
+    `with_invalid` only decides whether their count is returned. Differentiable wrt
+    `buffers`.
     """
     _check_batch(lowered, batch)
     clusters = _clusters_for(lowered, batch, options)
@@ -103,6 +133,7 @@ def lookup_fn(
     names = [t.name for t in lowered.plan.tables]
 
     def body(bufs, local_batch):
+        local_batch, invalid = bounds_check(lowered.config, names, local_batch)
         outputs, residuals = {}, {}
         overflow = jnp.zeros((len(names),), jnp.int32)
         for gname, cl in clusters.items():
@@ -111,10 +142,13 @@ def lookup_fn(
             residuals[gname] = jax.tree.map(lambda x: x[None], res)
             idx = np.array([names.index(t) for t in cl.table_names])
             overflow = overflow.at[idx].add(ov)
-        return outputs, residuals, jax.lax.psum(overflow, lowered.axis_names)
+        counts = jax.lax.psum(jnp.stack([overflow, invalid]), lowered.axis_names)
+        return outputs, residuals, counts[0], counts[1]
 
-    run = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec, P()))
-    return run(dict(buffers), batch)
+    out_specs = (spec, spec, P(), P())
+    run = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec), out_specs=out_specs)
+    result = LookupOutputs(*run(dict(buffers), batch))
+    return result if with_invalid else tuple(result[:3])
 
 
 def apply_gradients_fn(
@@ -150,7 +184,7 @@ def apply_gradients_fn(
 
 @functools.lru_cache(maxsize=32)
 def _jit_lookup(lowered: Lowered, mesh, options: RuntimeOptions):
-    return jax.jit(functools.partial(lookup_fn, lowered, mesh, options))
+    return jax.jit(functools.partial(lookup_fn, lowered, mesh, options, with_invalid=True))
 
 
 @functools.lru_cache(maxsize=32)
@@ -179,21 +213,14 @@ def _jit_apply(
 
 @dataclasses.dataclass
 class LookupResult:
+    """`EmbeddingCollection.lookup`: outputs, residuals, and per-table counts (table name
+    -> scalar) of ids lost to a capacity (`overflow`) and of ids outside their table's
+    vocabulary, dropped like padding (`invalid`)."""
+
     outputs: dict[str, jax.Array]
     residuals: Any
     overflow: dict[str, jax.Array]
-
-
-def check_overflow(counts: Mapping[str, Any]) -> None:
-    """Raises `CapacityOverflowError` if any table dropped ids (concrete counts only)."""
-    if any(isinstance(v, jax.core.Tracer) for v in counts.values()):
-        return
-    bad = {k: int(v) for k, v in counts.items() if int(v) > 0}
-    if bad:
-        raise CapacityOverflowError(
-            f"ids overflowed routing/dedup capacities (ids dropped per table): {bad}; raise "
-            "the tables' capacity_factor / unique_capacity (see embark_jax.sharding.capacity)"
-        )
+    invalid: dict[str, jax.Array] = dataclasses.field(default_factory=dict)
 
 
 class EmbeddingCollection(nnx.Module):
@@ -212,9 +239,12 @@ class EmbeddingCollection(nnx.Module):
         None: lookups only (`apply_gradients` then raises). Fixed at construction;
         `reset_optimizer` replaces it explicitly (and re-initialises the slots).
       options: `RuntimeOptions` (hierarchical RB, capacity factor, communication dtype,
-        DP gradient exchange, overflow policy: with `overflow="error"`, a lookup whose ids
-        overflow a capacity raises `CapacityOverflowError` when the counts are concrete,
-        i.e. outside `jax.jit`; inside, call `check_overflow`).
+        DP gradient exchange, overflow policy: with `overflow="error"`, a lookup with ids
+        outside their table's vocabulary raises `InvalidIdError`, one whose ids overflow a
+        capacity `CapacityOverflowError`, when the counts are concrete, i.e. outside
+        `jax.jit`; inside, call `check_invalid` / `check_overflow`). Ids outside their
+        table are dropped like padding under every policy, never read from or written to
+        another table's rows.
     """
 
     def __init__(
@@ -293,18 +323,20 @@ class EmbeddingCollection(nnx.Module):
     def lookup(self, batch: SparseFeatures) -> LookupResult:
         """Outputs plus the routing residuals for `apply_gradients`, and overflow counts."""
         _check_batch(self.lowered, batch)
-        outputs, residuals, overflow = _jit_lookup(self.lowered, self.mesh, self.options)(
-            self.buffer_values(), batch
-        )
-        counts = {t.name: overflow[i] for i, t in enumerate(self.lowered.plan.tables)}
+        out = _jit_lookup(self.lowered, self.mesh, self.options)(self.buffer_values(), batch)
+        tables = self.lowered.plan.tables
+        counts = {t.name: out.overflow[i] for i, t in enumerate(tables)}
+        invalid = {t.name: out.invalid[i] for i, t in enumerate(tables)}
         if self.options.strict:
+            check_invalid(invalid)
             check_overflow(counts)
-        return LookupResult(outputs, residuals, counts)
+        return LookupResult(out.outputs, out.residuals, counts, invalid)
 
     def __call__(self, batch: SparseFeatures) -> dict[str, jax.Array]:
         return self.lookup(batch).outputs
 
     check_overflow = staticmethod(check_overflow)
+    check_invalid = staticmethod(check_invalid)
 
     def apply_gradients(
         self,

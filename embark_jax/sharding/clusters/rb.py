@@ -86,18 +86,18 @@ class RBCluster(ClusterBase):
     # --- routing ---------------------------------------------------------------------
 
     def route(self, batch):
-        dsts, rows, bags, ws, tidx = [], [], [], [], []
+        dsts, rows, bags, ws, spans = [], [], [], [], []
         denom = {}
         for name, fi in feature_inputs(self.lowered, self.group, batch).items():
             f = self.lowered.config.feature_by_name[name]
             req = self.shard_requests(f.table, fi.ids)
             slot = self.slot_table[name]
+            spans.append((self.table_index(f.table), slot.shape[0], fi.ids.shape[0]))
             for k in range(slot.shape[0]):
                 dsts.append(req.dst[k])
                 rows.append(req.row[k])
                 bags.append(jnp.asarray(slot[k])[req.j] * self.b + fi.seg)
                 ws.append(fi.weights)
-                tidx.append(jnp.full(fi.ids.shape, self.table_index(f.table), jnp.int32))
             denom[name] = self.denominator(fi, self.b, f.combiner)
         dst = jnp.concatenate(dsts)
         payloads = {"row": (jnp.concatenate(rows), -1), "bag": (jnp.concatenate(bags), 0)}
@@ -110,13 +110,18 @@ class RBCluster(ClusterBase):
         seg = jnp.where(valid, src * (self.slots * self.b) + recv["bag"], -1)
         w = recv["w"] if "w" in recv else valid.astype(jnp.float32)
         res = RBResiduals(recv["row"].reshape(-1), seg.reshape(-1), w.reshape(-1), denom)
-        overflow = ops.segment_sum(
-            dropped.astype(jnp.int32),
-            jnp.concatenate(tidx),
-            len(self.table_names),
-            backend="reference",
-        )
-        return res, overflow
+        return res, self._lost_per_table(dropped, spans)
+
+    def _lost_per_table(self, dropped, spans):
+        """Overflow per table: id occurrences with at least one column slice dropped (a
+        request per column slice was sent; the occurrence counts once)."""
+        lost = jnp.zeros((len(self.table_names),), jnp.int32)
+        start = 0
+        for t, c, n in spans:
+            per_slice = dropped[start : start + c * n].reshape(c, n)
+            lost = lost.at[t].add(jnp.sum(jnp.any(per_slice, axis=0), dtype=jnp.int32))
+            start += c * n
+        return lost
 
     # --- owner: pool per (source, slot, sample) -----------------------------------------
 

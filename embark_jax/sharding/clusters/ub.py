@@ -43,13 +43,12 @@ class UBCluster(ClusterBase):
 
     def route(self, batch):
         inputs = feature_inputs(self.lowered, self.group, batch)
-        inv_of, dsts, rows, tidx, dropped_ids = {}, [], [], [], []
+        inv_of, dsts, rows, dedup = {}, [], [], []
         for t in self.table_names:
             feats = [f for f in self.features if f.table == t]
             ids = jnp.concatenate([inputs[f.name].ids for f in feats])
-            cap_u = self.unique_capacity[t]
-            uniq, inv, _, _ = ops.unique(ids, cap_u)
-            dropped_ids.append(jnp.sum(((ids >= 0) & (inv < 0)).astype(jnp.int32)))
+            uniq, inv, _, _ = ops.unique(ids, self.unique_capacity[t])
+            dedup.append((ids, inv))
             start = 0
             for f in feats:
                 n = inputs[f.name].ids.shape[0]
@@ -58,7 +57,6 @@ class UBCluster(ClusterBase):
             req = self.shard_requests(t, uniq)
             dsts += req.dst
             rows += req.row
-            tidx += [jnp.full((cap_u,), self.table_index(t), jnp.int32)] * len(req.dst)
         send, slot, dropped = routing.bucket(
             jnp.concatenate(dsts),
             self.num_devices,
@@ -73,13 +71,20 @@ class UBCluster(ClusterBase):
             seg={f.name: inputs[f.name].seg for f in self.features},
             w={f.name: inputs[f.name].weights for f in self.features},
         )
-        overflow = ops.segment_sum(
-            dropped.astype(jnp.int32),
-            jnp.concatenate(tidx),
-            len(self.table_names),
-            backend="reference",
-        )
-        return res, overflow + jnp.stack(dropped_ids)
+        return res, self._lost_per_table(dropped, dedup)
+
+    def _lost_per_table(self, dropped, dedup):
+        """Overflow per table: id occurrences (not unique ids) whose vector did not come
+        back whole: the id found no dedup slot, or a column slice of its unique id was
+        dropped from a routing bucket (then every occurrence of the id lost it)."""
+        lost, start = [], 0
+        for t, (ids, inv) in zip(self.table_names, dedup, strict=True):
+            cap_u, c = self.unique_capacity[t], self.layouts[t].column_shards
+            slot_lost = jnp.any(dropped[start : start + c * cap_u].reshape(c, cap_u), axis=0)
+            start += c * cap_u
+            gone = (inv < 0) | jnp.take(slot_lost, jnp.maximum(inv, 0))
+            lost.append(jnp.sum((ids >= 0) & gone, dtype=jnp.int32))
+        return jnp.stack(lost)
 
     def owner(self, buffer, res):
         rows = res.rows

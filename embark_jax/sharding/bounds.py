@@ -1,0 +1,63 @@
+"""The on-device bounds check of ids against their own table (`docs/design.md` §6).
+
+Tables are stacked into shared buffers (§4), so an id >= its table's `vocab_size` would index
+the rows of whatever is stacked after it: another table. Host-side validation
+(`SparseFeatures` constructors given a config, `SparseFeatures.validate`) catches such ids
+before they reach a device, but a batch built without a config is not checked there. The run
+time therefore checks every id against its own table on device, before routing, like
+TorchRec's bounds-check modes:
+
+* an id is **invalid** if it is `< -1` or `>= vocab_size` of the feature's table (-1 is
+  padding, the layout's empty slot);
+* an invalid id is dropped exactly like padding: it contributes nothing to any output (nor to
+  a `mean` / `sqrtn` divisor) and updates nothing;
+* invalid ids are counted per table (summed over the features of the table) and reported
+  beside the overflow counts; `OverflowPolicy.ERROR` turns a non-zero count into an
+  `InvalidIdError` (see `embark_jax.sharding.collection`).
+
+Runs per device inside `shard_map`: one compare and select per id slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from embark_jax.core.specs import EmbeddingConfig
+from embark_jax.data.sparse import PAD, SparseFeatures
+
+__all__ = ["bounds_check", "invalid_mask"]
+
+
+def invalid_mask(ids: jax.Array, vocab_size: int) -> jax.Array:
+    """Ids that are neither padding (-1) nor a row of a table of `vocab_size` rows."""
+    return (ids < PAD) | (ids >= vocab_size)
+
+
+def bounds_check(
+    config: EmbeddingConfig, tables: Sequence[str], batch: SparseFeatures
+) -> tuple[SparseFeatures, jax.Array]:
+    """`(batch with invalid ids replaced by padding, invalid count per table)`.
+
+    The counts are `[len(tables)]` int32 in the order of `tables`, for this (local) batch.
+    Weights of invalid slots become 0 and lengths count only the valid ids left.
+    """
+    index = {t: i for i, t in enumerate(tables)}
+    counts = jnp.zeros((len(tables),), jnp.int32)
+    ids, lengths, weights = {}, {}, {}
+    for name in batch.feature_names:
+        table = config.table_by_name[config.feature_by_name[name].table]
+        x = jnp.asarray(batch.ids[name])
+        bad = invalid_mask(x, table.vocab_size)
+        ids[name] = jnp.where(bad, jnp.asarray(PAD, x.dtype), x)
+        n_bad = jnp.sum(bad, axis=-1, dtype=jnp.int32)
+        lengths[name] = jnp.asarray(batch.lengths[name]) - n_bad.astype(
+            jnp.asarray(batch.lengths[name]).dtype
+        )
+        if name in batch.weights:
+            w = jnp.asarray(batch.weights[name])
+            weights[name] = jnp.where(bad, jnp.zeros((), w.dtype), w)
+        counts = counts.at[index[table.name]].add(jnp.sum(n_bad))
+    return SparseFeatures(ids, lengths, weights), counts

@@ -1,0 +1,129 @@
+"""The on-device bounds check (issue 11 item 6, docs/design.md §6): a batch built without a
+config may hold ids outside their table. In every cluster they must be dropped like
+padding, counted per table, raise under the error policy, and never read or update the
+rows of a table stacked beside theirs in the same buffer."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from embark_jax.core.options import RuntimeOptions
+from embark_jax.core.plan import Plan, TablePlan, Topology
+from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.data.sparse import SparseFeatures
+from embark_jax.ops import optimizers as O
+from embark_jax.sharding.collection import EmbeddingCollection, InvalidIdError, lookup_fn
+from tests import collection_ref
+
+G, B = 8, 16
+VOCAB_A, VOCAB_N = 10, 40
+
+
+def _config(cluster):
+    features = [
+        FeatureConfig(name="fa", table="a", max_hotness=3, combiner="sum"),
+        FeatureConfig(name="fa_mean", table="a", max_hotness=4, combiner="mean"),
+        FeatureConfig(name="fn", table="n", max_hotness=2, combiner="sum"),
+    ]
+    if cluster != "rb":  # `none` features may not use RB tables
+        features.append(FeatureConfig(name="fa_seq", table="a", max_hotness=2, combiner="none"))
+    tables = [
+        TableConfig(name="a", vocab_size=VOCAB_A, dim=8),
+        TableConfig(name="n", vocab_size=VOCAB_N, dim=8),  # stacked right after "a"
+    ]
+    return EmbeddingConfig.create(tables, features)
+
+
+def _plan(cluster):
+    if cluster == "dp":
+        every = (tuple(range(G)),)
+        shards = {"row_shards": 1, "column_shards": 1, "devices": every}
+        both = [TablePlan(name=t, cluster="dp", **shards) for t in ("a", "n")]
+    else:  # both tables row-split over the same two devices: "n" follows "a" in the buffer
+        both = [
+            TablePlan(name=t, cluster=cluster, row_shards=2, column_shards=1, devices=((0, 1),))
+            for t in ("a", "n")
+        ]
+    return Plan(topology=Topology(num_nodes=1, devices_per_node=G), batch_size=B, tables=both)
+
+
+def _batches(config, seed):
+    """(raw batch with ids out of range, the same batch with them replaced by padding,
+    invalid count per table)."""
+    rng = np.random.default_rng(seed)
+    raw, clean = {}, {}
+    for f in config.features:
+        if f.table == "n":  # the neighbour is not looked up: its rows must not move
+            x = np.full((B, f.max_hotness), -1, np.int32)
+        else:
+            x = rng.integers(0, VOCAB_A, size=(B, f.max_hotness)).astype(np.int32)
+            x[rng.random(x.shape) < 0.3] = VOCAB_A + rng.integers(0, 25)  # rows of "n"
+            x[rng.random(x.shape) < 0.1] = -5
+            x[rng.random(x.shape) < 0.1] = -1
+        raw[f.name] = x
+        clean[f.name] = np.where((x < -1) | (x >= VOCAB_A), -1, x)
+    invalid = {"a": int(sum(((raw[n] < -1) | (raw[n] >= VOCAB_A)).sum() for n in raw)), "n": 0}
+
+    def features(ids):
+        lengths = {n: (v >= 0).sum(axis=1).astype(np.int32) for n, v in ids.items()}
+        return SparseFeatures(ids, lengths)  # the plain constructor: no host checks
+
+    return features(raw), features(clean), invalid
+
+
+@pytest.mark.parametrize("cluster", ["dp", "rb", "ub"])
+def test_ids_out_of_range_are_dropped_counted_and_never_touch_a_neighbour(cluster):
+    config, plan = _config(cluster), _plan(cluster)
+    coll = EmbeddingCollection(
+        config, plan, plan.make_mesh(), rngs=nnx.Rngs(0), optimizer=O.SGD(learning_rate=0.5)
+    )
+    assert len(coll.lowered.groups) == 1  # "a" and "n" share one stacked buffer
+    raw, clean, invalid = _batches(config, 0)
+    assert invalid["a"] > 0
+    before = coll.full_tables()
+    res = coll.lookup(coll.shard_batch(raw))
+    assert {k: int(v) for k, v in res.invalid.items()} == invalid
+    assert all(int(v) == 0 for v in res.overflow.values())
+    want = collection_ref.forward(config, before, clean)
+    for name, w in want.items():
+        np.testing.assert_allclose(
+            np.asarray(res.outputs[name]), w, rtol=1e-5, atol=1e-5, err_msg=name
+        )
+    rng = np.random.default_rng(1)
+    grads = {k: jnp.asarray(rng.normal(size=v.shape), jnp.float32) for k, v in res.outputs.items()}
+    coll.apply_gradients(res, grads, raw)
+    after = coll.full_tables()
+    np.testing.assert_array_equal(after["n"], before["n"])  # bit-identical neighbour
+    want_t, _ = collection_ref.update(config, before, clean, grads, O.SGD(learning_rate=0.5))
+    np.testing.assert_allclose(after["a"], want_t["a"], rtol=1e-5, atol=1e-5)
+    assert not np.array_equal(after["a"], before["a"])
+
+
+@pytest.mark.parametrize("cluster", ["dp", "rb", "ub"])
+def test_error_policy_raises_on_ids_out_of_range(cluster):
+    config, plan = _config(cluster), _plan(cluster)
+    coll = EmbeddingCollection(
+        config, plan, plan.make_mesh(), rngs=nnx.Rngs(0), options=RuntimeOptions(overflow="error")
+    )
+    raw, clean, _ = _batches(config, 2)
+    with pytest.raises(InvalidIdError, match=r"\{'a': \d+\}"):
+        coll.lookup(coll.shard_batch(raw))
+    res = coll.lookup(coll.shard_batch(clean))  # the same batch without them passes
+    assert all(int(v) == 0 for v in res.invalid.values())
+
+
+def test_lookup_fn_returns_the_invalid_counts_on_request():
+    config, plan = _config("ub"), _plan("ub")
+    coll = EmbeddingCollection(config, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
+    raw, _, invalid = _batches(config, 3)
+    batch = coll.shard_batch(raw)
+    args = (coll.lowered, coll.mesh, coll.options, coll.buffer_values(), batch)
+    outputs, _, overflow = lookup_fn(*args)  # the three-part form
+    out = jax.jit(lambda b: lookup_fn(*args[:3], b, batch, with_invalid=True))(args[3])
+    assert out.invalid.shape == (2,) and out.invalid.dtype == jnp.int32
+    assert [int(x) for x in out.invalid] == [invalid["a"], invalid["n"]]  # plan order
+    np.testing.assert_array_equal(np.asarray(out.overflow), np.asarray(overflow))
+    for name in outputs:
+        np.testing.assert_array_equal(np.asarray(out.outputs[name]), np.asarray(outputs[name]))
