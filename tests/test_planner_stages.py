@@ -17,8 +17,11 @@ from embark_jax.planner import (
     ModelSpec,
     PlannerError,
     PlannerTable,
+    canonical_preset,
     load_preset,
     plan,
+    preset_aliases,
+    preset_names,
     report,
 )
 from embark_jax.planner import cost as C
@@ -323,3 +326,43 @@ def test_planning_is_deterministic_across_interpreters(tmp_path):
         assert res.returncode == 0, res.stderr
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
+
+
+# --- model names: one vocabulary ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "alias,name",
+    [
+        ("dcnv2", "dcnv2"),
+        ("dlrm_dcnv2", "dcnv2"),
+        ("dlrm-dcnv2", "dcnv2"),
+        ("DLRM-DCNv2", "dcnv2"),
+        ("DLRM_DCNV2-Mini", "dcnv2-mini"),
+        ("dlrm-dcnv2-mini", "dcnv2-mini"),
+        ("T180", "t180"),
+        ("t510_mini", "t510-mini"),
+        (" t7 ", "t7"),
+    ],
+)
+def test_model_names_and_aliases(alias, name):
+    assert canonical_preset(alias) == name
+    spec = load_preset(alias)
+    assert spec.name == name and spec == load_preset(name)
+
+
+def test_preset_listing_and_unknown_names():
+    names = preset_names()
+    assert names == [
+        "dcnv2", "dcnv2-mini", "t180", "t180-mini", "t200", "t200-mini",
+        "t510", "t510-mini", "t7", "t7-mini",
+    ]  # fmt: skip
+    aliases = preset_aliases()
+    assert aliases["dlrm_dcnv2"] == aliases["dlrm-dcnv2"] == "dcnv2"
+    assert aliases["dlrm-dcnv2-mini"] == "dcnv2-mini"
+    assert all(v in names for v in aliases.values())
+    assert all(canonical_preset(a) == v for a, v in aliases.items())
+    for bad in ("dcnv3", "t181", "mini", "dcnv2-mini-mini", ""):
+        with pytest.raises(ValueError, match="unknown model") as e:
+            load_preset(bad)
+        assert "dcnv2, dcnv2-mini, t180" in str(e.value) and "dlrm-dcnv2" in str(e.value)

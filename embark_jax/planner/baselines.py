@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from embark_jax.core.plan import Cluster, Plan
 from embark_jax.core.specs import Combiner
+from embark_jax.planner.bound import attach
 from embark_jax.planner.explain import baseline_reasons
 from embark_jax.planner.hardware import HardwareTopology
 from embark_jax.planner.model import ModelSpec, PlannerTable
@@ -48,16 +49,18 @@ def baseline(
     kind: str,
     *,
     memory_fraction: float = 0.9,
+    with_bound: bool = True,
 ) -> Evaluation:
-    """Baseline `kind` (see the module doc); `PlannerError` if a device exceeds
-    `memory_fraction` of its memory."""
+    """Baseline `kind` (see the module doc), with the lower bound and its gap unless
+    `with_bound` is off; `PlannerError` if a device exceeds `memory_fraction` of its
+    memory."""
     options, fixed = {}, {}
     for i, t in enumerate(model.tables):
         options[t.name], fixed[t.name] = _baseline_table(kind, i, t, hw)
     p = Problem.create(model, batch_size, hw, memory_fraction)
     ev = place(p, options, fixed=fixed, name=kind)
     ev.reasons = baseline_reasons(model, kind)
-    return ev
+    return attach(p, ev) if with_bound else ev
 
 
 def best_of_baselines(
@@ -67,7 +70,9 @@ def best_of_baselines(
     winner = None
     for kind in BASELINES:
         try:
-            other = baseline(model, batch_size, hw, kind, memory_fraction=memory_fraction)
+            other = baseline(
+                model, batch_size, hw, kind, memory_fraction=memory_fraction, with_bound=False
+            )
         except PlannerError:
             continue
         if other.step_s < ev.step_s:
@@ -76,8 +81,9 @@ def best_of_baselines(
 
 
 def evaluate(model: ModelSpec, plan_: Plan, hw: HardwareTopology) -> Evaluation:
-    """Prices an existing plan (e.g. from a JSON file), without a memory cap."""
+    """Prices an existing plan (e.g. from a JSON file), without a memory cap (and with the
+    lower bound without one)."""
     options = {t.name: Option(t.cluster, t.row_shards, t.column_shards) for t in plan_.tables}
     fixed = {t.name: [list(c) for c in t.devices] for t in plan_.tables}
     p = Problem.create(model, plan_.batch_size, hw, None)
-    return place(p, options, fixed=fixed, name="given")
+    return attach(p, place(p, options, fixed=fixed, name="given"))

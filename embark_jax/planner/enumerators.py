@@ -14,7 +14,13 @@ from embark_jax.core.specs import Combiner
 from embark_jax.planner.model import PlannerTable
 from embark_jax.planner.types import Option
 
-__all__ = ["MIN_COLUMN_WIDTH", "can_split_rows", "cluster_options", "split_options"]
+__all__ = [
+    "MIN_COLUMN_WIDTH",
+    "can_split_rows",
+    "cluster_options",
+    "split_options",
+    "splits",
+]
 
 MIN_COLUMN_WIDTH = 16
 
@@ -47,3 +53,22 @@ def can_split_rows(t: PlannerTable, o: Option, num_devices: int) -> bool:
         and t.vocab_size > o.row_shards
         and o.row_shards * 2 * o.column_shards <= num_devices
     )
+
+
+def splits(t: PlannerTable, num_devices: int) -> list[Option]:
+    """Every option the search may give `t`: DP, and each sharded cluster with row and
+    column shards powers of two (slices >= `MIN_COLUMN_WIDTH` wide unless unsplit, at most
+    one row per row shard, one shard per device); sorted."""
+    out = []
+    for base in cluster_options(t):
+        if base.cluster is Cluster.DP:
+            out.append(base)
+            continue
+        c = 1
+        while c <= num_devices and t.dim % c == 0 and (c == 1 or t.dim // c >= MIN_COLUMN_WIDTH):
+            r = 1
+            while r * c <= num_devices and r <= t.vocab_size:
+                out.append(Option(base.cluster, r, c))
+                r *= 2
+            c *= 2
+    return sorted(out, key=lambda o: o.sort_key)

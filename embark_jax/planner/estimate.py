@@ -46,9 +46,20 @@ def requester_cost(p: Problem, t: PlannerTable, o: Option) -> Cost:
     return Cost()  # DP: the local lookup is part of the replica's cost
 
 
-def table_seconds(p: Problem, t: PlannerTable, o: Option) -> float:
-    """Device-seconds the table costs the whole machine with this option."""
+def table_seconds(p: Problem, t: PlannerTable, o: Option, best_in_node: bool = False) -> float:
+    """Device-seconds the table costs the whole machine with this option. `best_in_node`:
+    RB row shards placed in as few nodes as possible (each column slice's shards fill
+    nodes of L devices; hierarchical RB reduces them there), else each priced alone in
+    its node."""
     hw = p.hw
+    requester = sum(C.seconds(requester_cost(p, t, o), hw)) * hw.num_devices
+    if best_in_node and o.cluster is Cluster.RB:
+        r, shards = o.row_shards, 0.0
+        while r > 0:  # full nodes first, then the rest
+            k = min(r, hw.devices_per_node)
+            shards += k * sum(C.seconds(shard_cost(p, t, o, in_node=k), hw))
+            r -= k
+        return shards * o.column_shards + requester
     per_shard = sum(C.seconds(shard_cost(p, t, o), hw))
     copies = hw.num_devices if o.cluster is Cluster.DP else o.shards
-    return per_shard * copies + sum(C.seconds(requester_cost(p, t, o), hw)) * hw.num_devices
+    return per_shard * copies + requester

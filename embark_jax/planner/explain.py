@@ -2,15 +2,16 @@
 the decisions it recorded (`types.Trace`), never inside the algorithm.
 
 A table's reason is its cluster (with why, and every candidate's price), then each split
-it took in order: rows doubled to fit the memory cap, and rows or columns doubled because
-it was the heaviest shard on the bottleneck device (with the step before and after).
+it took in order: its split for a target step near the bound, rows doubled to fit the
+memory cap, rows or columns doubled because it was the heaviest shard on the bottleneck
+device (with the step before and after), and shards moved off the busiest device.
 """
 
 from __future__ import annotations
 
 from embark_jax.core.plan import Cluster
 from embark_jax.planner.model import ModelSpec, PlannerTable
-from embark_jax.planner.types import ClusterChoice, Refinement, RowSplit, Trace
+from embark_jax.planner.types import ClusterChoice, Move, Refinement, Retarget, RowSplit, Trace
 
 __all__ = ["baseline_reasons", "explain"]
 
@@ -21,8 +22,14 @@ def explain(model: ModelSpec, trace: Trace) -> dict[str, str]:
         return {t.name: f"baseline {trace.baseline} was predicted fastest" for t in model.tables}
     tables = {t.name: t for t in model.tables}
     reasons = {c.table: _cluster_reason(tables[c.table], c) for c in trace.clusters}
+    moved: dict[str, list[Move]] = {}
     for s in trace.steps:
-        reasons[s.table] = reasons.get(s.table, "") + _step_reason(s)
+        if isinstance(s, Move):
+            moved.setdefault(s.table, []).append(s)
+        else:
+            reasons[s.table] = reasons.get(s.table, "") + _step_reason(s)
+    for name, ms in moved.items():
+        reasons[name] = reasons.get(name, "") + _moves_reason(ms)
     return reasons
 
 
@@ -48,9 +55,26 @@ def _cluster_reason(t: PlannerTable, c: ClusterChoice) -> str:
     return f"{c.option.cluster.value}: {_WHY[c.option.cluster](t)} [{priced}]"
 
 
-def _step_reason(s: RowSplit | Refinement) -> str:
+def _moves_reason(ms: list[Move]) -> str:
+    first, last = ms[0], ms[-1]
+    what = f"a shard moved from device {first.source} to {first.dest}"
+    if len(ms) > 1:
+        what = f"{len(ms)} shards moved off the busiest devices"
+    return (
+        f"; {what} to rebalance (busiest device {first.before_s * 1e3:.3f} -> "
+        f"{last.after_s * 1e3:.3f} ms)"
+    )
+
+
+def _step_reason(s: RowSplit | Refinement | Retarget) -> str:
     if isinstance(s, RowSplit):
         return f"; rows split to {s.row_shards} to fit the memory cap"
+    if isinstance(s, Retarget):
+        return (
+            f"; r={s.option.row_shards} c={s.option.column_shards}: its fewest device-seconds "
+            f"with shards under a target of {s.target_s * 1e3:.3f} ms per device "
+            f"({s.target_s / s.bound_s:.2f}x the bound)"
+        )
     return (
         f"; split {s.how} -> r={s.option.row_shards} c={s.option.column_shards} (it was the "
         f"heaviest shard on the bottleneck device {s.device}: step {s.before_s * 1e3:.3f} -> "

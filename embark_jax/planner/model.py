@@ -6,6 +6,10 @@ loads the kernels' optimizer classes (nor JAX): callers pass `opt.slot_footprint
 `ModelSpec` presets come from `data/paper_models.json` (the paper's DLRM-DCNv2, T180, T200,
 T510 and T7). The `-mini` variants keep every table's hotness and dim and scale the
 vocabularies down so that they train on a CPU machine.
+
+One vocabulary of model names everywhere (`canonical_preset`): the canonical names of
+`preset_names()` and the aliases of `preset_aliases()` (`dlrm_dcnv2`, `dlrm-dcnv2` for
+`dcnv2`), in any case, with `_` and `-` equivalent, each with a `-mini` variant.
 """
 
 from __future__ import annotations
@@ -23,7 +27,15 @@ from embark_jax.core.specs import (
     as_dtype,
 )
 
-__all__ = ["SLOT_FOOTPRINTS", "ModelSpec", "PlannerTable", "load_preset", "preset_names"]
+__all__ = [
+    "SLOT_FOOTPRINTS",
+    "ModelSpec",
+    "PlannerTable",
+    "canonical_preset",
+    "load_preset",
+    "preset_aliases",
+    "preset_names",
+]
 
 _DATA = os.path.join(os.path.dirname(__file__), "data", "paper_models.json")
 MINI_MAX_VOCAB = 20_000
@@ -142,25 +154,67 @@ def _dense_cost(common: dict, num_tables: int, dim: int = 128) -> tuple[float, i
     return flops, params
 
 
-def preset_names() -> list[str]:
+# canonical name -> its key in paper_models.json, where they differ
+_JSON_KEYS = {"dcnv2": "dlrm_dcnv2"}
+# documented aliases (normalized: lower case, "-" for "_") -> canonical name
+_ALIASES = {"dlrm-dcnv2": "dcnv2"}
+
+
+def _models() -> dict:
     with open(_DATA) as fh:
-        models = json.load(fh)["models"]
+        return json.load(fh)
+
+
+def preset_names() -> list[str]:
+    """Canonical model names: each paper model and its `-mini` variant."""
+    keys = {v: k for k, v in _JSON_KEYS.items()}
     names = []
-    for k in models:
-        short = "dcnv2" if k == "dlrm_dcnv2" else k
+    for k in _models()["models"]:
+        short = keys.get(k, k)
         names += [short, f"{short}-mini"]
     return names
 
 
+def preset_aliases() -> dict[str, str]:
+    """Documented aliases -> canonical name (with the `-mini` variants and the
+    underscore spellings), e.g. for `--help` texts. Any case is accepted too."""
+    out = {}
+    for alias, name in sorted(_ALIASES.items()):
+        for suffix in ("", "-mini"):
+            out[alias + suffix] = name + suffix
+            out[(alias + suffix).replace("-", "_")] = name + suffix
+    return out
+
+
+def _normalize(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+def canonical_preset(name: str) -> str:
+    """The canonical name of a model name or alias (case-insensitive, `_` = `-`); a
+    `ValueError` listing the valid names otherwise."""
+    n = _normalize(name)
+    mini = n.endswith("-mini")
+    base = n.removesuffix("-mini")
+    base = _ALIASES.get(base, base)
+    canonical = f"{base}-mini" if mini else base
+    if canonical not in preset_names():
+        aliases = ", ".join(sorted({a for a in preset_aliases() if "_" not in a}))
+        raise ValueError(
+            f"unknown model {name!r}; choose from {', '.join(preset_names())} (aliases: "
+            f"{aliases}; any case, '_' or '-')"
+        )
+    return canonical
+
+
 def load_preset(name: str) -> ModelSpec:
-    """`dcnv2`, `t180`, `t200`, `t510`, `t7` and their `-mini` versions."""
-    with open(_DATA) as fh:
-        data = json.load(fh)
+    """A paper model by name or alias (`canonical_preset`): `dcnv2`, `t180`, `t200`, `t510`,
+    `t7` and their `-mini` versions; the spec is named by its canonical name."""
+    name = canonical_preset(name)
+    data = _models()
     mini = name.endswith("-mini")
     base = name.removesuffix("-mini")
-    key = "dlrm_dcnv2" if base in ("dcnv2", "dlrm_dcnv2", "dlrm-dcnv2") else base
-    if key not in data["models"]:
-        raise ValueError(f"unknown model {name!r}; choose from {preset_names()}")
+    key = _JSON_KEYS.get(base, base)
     m = data["models"][key]
     common = data["common"]
     tables = tuple(

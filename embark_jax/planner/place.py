@@ -13,6 +13,7 @@ a device over the cap then raises `PlannerError` naming its largest shard.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -35,7 +36,7 @@ class _Loads:
         g = p.hw.num_devices
         self.comp, self.intra, self.inter, self.mem = (np.zeros(g) for _ in range(4))
 
-    def add(self, dev: int | slice, c: Cost) -> None:
+    def add(self, dev: int | slice | np.ndarray, c: Cost) -> None:
         self.comp[dev] += C.seconds(c, self.hw)[0]
         self.intra[dev] += c.intra / self.hw.intra_bw
         self.inter[dev] += c.inter / self.hw.inter_bw
@@ -84,9 +85,12 @@ def _place_table(
         if devs is None:
             raise _no_room(p, n, o, loads, need, used)
         used.update(devs)
+        per_node = Counter(x // local for x in devs)
+        by_count: dict[int, list[int]] = {}  # shards priced alike: as many node-mates
         for dev in devs:
-            in_node = sum(1 for x in devs if x // local == dev // local)
-            loads.add(dev, shard_cost(p, t, o, in_node))
+            by_count.setdefault(per_node[dev // local], []).append(dev)
+        for in_node, group in sorted(by_count.items()):
+            loads.add(np.asarray(group), shard_cost(p, t, o, in_node))
         cols.append(devs)
     return cols
 
@@ -95,22 +99,29 @@ def _pick(p: Problem, o: Option, loads: _Loads, need: float, used: set[int]) -> 
     """Devices for one column slice's row shards: least loaded with room, not already
     holding a shard of the table; RB shards inside one node when they fit there."""
     hw, r = p.hw, o.row_shards
-    local, load, mem = hw.devices_per_node, loads.time, loads.mem
-    ok = [d for d in range(hw.num_devices) if d not in used and mem[d] + need <= p.cap]
-    if len(ok) < r:
+    local = hw.devices_per_node
+    ok = loads.mem + need <= p.cap
+    if used:
+        ok[list(used)] = False
+    cand = np.flatnonzero(ok)
+    if len(cand) < r:
         return None
-    ok.sort(key=lambda d: (load[d], d))
+    load = loads.time
+    order = cand[np.argsort(load[cand], kind="stable")].tolist()  # ties: device id
     if o.cluster is Cluster.RB and 1 < r <= local and hw.num_nodes > 1:
+        per_node: dict[int, list[int]] = {}
+        for d in order:
+            per_node.setdefault(d // local, []).append(d)
         best = None
-        for node in range(hw.num_nodes):
-            cand = [d for d in ok if d // local == node][:r]
-            if len(cand) == r:
-                score = (max(load[d] for d in cand), node)
+        for node in sorted(per_node):
+            devs = per_node[node][:r]
+            if len(devs) == r:
+                score = (max(load[d] for d in devs), node)
                 if best is None or score < best[0]:
-                    best = (score, cand)
+                    best = (score, devs)
         if best is not None:
             return sorted(best[1])
-    return sorted(ok[:r])
+    return sorted(order[:r])
 
 
 def _no_room(

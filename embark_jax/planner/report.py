@@ -1,17 +1,21 @@
 """Stage `report`: human-readable planner output. `summary` gives the predicted step, the
+lower bound, their ratio and where the difference comes from (`bound_lines`), the
 per-cluster and per-device views and every table's placement with its reason (from
 `explain`); `plot` draws per-device time and memory as a PNG (matplotlib, loaded lazily)."""
 
 from __future__ import annotations
 
 import io
+import math
 from collections import defaultdict
 
 import numpy as np
 
 from embark_jax.planner.types import Evaluation
 
-__all__ = ["plot", "summary"]
+__all__ = ["RATIO_GOAL", "bound_lines", "plot", "summary"]
+
+RATIO_GOAL = 1.2  # a plan further than this from its bound says what keeps it there
 
 
 def _ms(x: float) -> str:
@@ -31,8 +35,9 @@ def summary(ev: Evaluation, *, max_tables: int = 40, max_devices: int = 16) -> s
         f"device {ev.bottleneck}: compute {_ms(ev.device_compute[ev.bottleneck])}, comm "
         f"intra {_ms(ev.device_intra[ev.bottleneck])}, inter "
         f"{_ms(ev.device_inter[ev.bottleneck])}) + dense {_ms(ev.dense_s)}; "
-        f"communication {100 * ev.comm_share:.1f}% of the step\n\n"
+        f"communication {100 * ev.comm_share:.1f}% of the step\n"
     )
+    out.write(bound_lines(ev) + "\n")
     by_cluster: dict[str, list] = defaultdict(list)
     for t in p.tables:
         by_cluster[t.cluster.value].append(t)
@@ -62,6 +67,59 @@ def summary(ev: Evaluation, *, max_tables: int = 40, max_devices: int = 16) -> s
     if len(p.tables) > max_tables:
         out.write(f"  ... {len(p.tables) - max_tables} more tables (see the plan JSON)\n")
     return out.getvalue()
+
+
+def bound_lines(ev: Evaluation) -> str:
+    """The bound, the ratio and the gap's parts, one item per line."""
+    b, g = ev.bound, ev.gap
+    if b is None:
+        return ""
+    if not math.isfinite(b.step_s):
+        return "lower bound: none (some table fits the memory cap with no option)\n"
+    what = (
+        "every table's cheapest option spread over all devices"
+        if b.binding == "mean"
+        else f"the {b.binding}: its smallest shard plus every device's uniform work"
+    )
+    lines = [
+        f"lower bound {_ms(b.step_s)} (embedding {_ms(b.embedding_s)}: {what}; + dense "
+        f"{_ms(b.dense_s)}); predicted / bound = {ev.bound_ratio:.2f}x"
+    ]
+    if g is not None:
+        top = ", ".join(f"{n} +{_ms(s)}" for n, s in g.tables[:3] if s >= 5e-7)
+        lines.append(
+            f"  gap {_ms(g.step_s - g.bound_s)}: imbalance {_ms(g.imbalance_s)} (busiest "
+            f"device {_ms(float(ev.device_time.max()))} vs mean {_ms(float(ev.device_time.mean()))})"
+            f"; work above the relaxation's options {_ms(g.extra_work_s)}"
+            + (f" (most: {top})" if top else "")
+        )
+    ruled = [t for t in b.tables if t.ruled_out]
+    if ruled:
+        shown = "; ".join(f"{t.table}: {t.ruled_out}" for t in ruled[:3])
+        more = f"; ... {len(ruled) - 3} more" if len(ruled) > 3 else ""
+        lines.append(
+            f"  memory: the cap rules out options of {len(ruled)} table(s) ({shown}{more}), "
+            f"raising the bound by {_ms(b.step_s - b.unconstrained_s)}"
+        )
+    else:
+        lines.append("  memory: the cap rules out no option")
+    if ev.bound_ratio is not None and ev.bound_ratio > RATIO_GOAL and g is not None:
+        lines.append("  above " + f"{RATIO_GOAL}x: " + _limit(ev))
+    return "\n".join(lines) + "\n"
+
+
+def _limit(ev: Evaluation) -> str:
+    """What keeps a plan above the goal, from the gap's largest part."""
+    g = ev.gap
+    if g.imbalance_s >= g.extra_work_s:
+        return (
+            "mostly imbalance: the busiest device's shards cannot be split or moved to "
+            "lower it (shards too coarse for the devices, or the memory cap)"
+        )
+    return (
+        "mostly work above the relaxation: smaller shards to balance cost more "
+        "device-seconds (routing and pooling per shard) than the bound spreads"
+    )
 
 
 def plot(ev: Evaluation, path: str, title: str | None = None) -> None:

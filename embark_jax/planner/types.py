@@ -20,14 +20,19 @@ from embark_jax.planner.hardware import HardwareTopology
 from embark_jax.planner.model import ModelSpec, PlannerTable
 
 __all__ = [
+    "Bound",
     "ClusterChoice",
     "Cost",
     "Evaluation",
+    "Gap",
+    "Move",
     "Option",
     "PlannerError",
     "Problem",
     "Refinement",
+    "Retarget",
     "RowSplit",
+    "TableBound",
     "Trace",
 ]
 
@@ -101,6 +106,58 @@ class Problem:
         return cls(model, batch, hw, cap)
 
 
+@dataclasses.dataclass(frozen=True)
+class TableBound:
+    """One table in the lower bound: the option the relaxation priced it with (for a range
+    of row counts, the smallest), its device-seconds, its floor on the busiest device (its
+    uniform work plus its smallest shard) and what the memory cap ruled out ("" if none)."""
+
+    table: str
+    option: Option
+    device_s: float
+    floor_s: float
+    ruled_out: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """A lower bound on the predicted step of every legal plan (`bound.lower_bound`):
+    `embedding_s` (the busiest device at least) + `dense_s`. `mean_s` is the relaxation's
+    mean device time (cheapest device-seconds of every table / G); `binding` says what sets
+    the bound ("mean", or "floor of <table>": the table's smallest shard plus every table's
+    uniform work); `unconstrained_s` is the bound without the memory cap."""
+
+    step_s: float
+    embedding_s: float
+    dense_s: float
+    mean_s: float
+    binding: str
+    unconstrained_s: float
+    tables: tuple[TableBound, ...] = ()
+
+    def table(self, name: str) -> TableBound:
+        return next(t for t in self.tables if t.table == name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gap:
+    """Where a plan's predicted step exceeds its bound (seconds): `imbalance_s` (busiest
+    minus mean device), `extra_work_s` (the plan's mean device minus the relaxation's: its
+    options cost more device-seconds than the cheapest ones, per table in `tables`, largest
+    first), and `memory_s` (what the memory cap adds to the bound itself)."""
+
+    step_s: float
+    bound_s: float
+    imbalance_s: float
+    extra_work_s: float
+    memory_s: float
+    tables: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def ratio(self) -> float:
+        return self.step_s / self.bound_s if self.bound_s > 0 else math.inf
+
+
 @dataclasses.dataclass
 class Evaluation:
     """A placed plan with its per-device costs (seconds) and the predicted step time."""
@@ -114,6 +171,15 @@ class Evaluation:
     dense_s: float
     name: str = "embark"
     reasons: dict[str, str] = dataclasses.field(default_factory=dict)
+    bound: Bound | None = None  # the lower bound for the same model, batch and hardware
+    gap: Gap | None = None  # where this plan's step exceeds the bound
+
+    @property
+    def bound_ratio(self) -> float | None:
+        """Predicted step / lower bound (>= 1), or None without a bound."""
+        if self.bound is None:
+            return None
+        return self.step_s / self.bound.step_s if self.bound.step_s > 0 else math.inf
 
     @property
     def device_time(self) -> np.ndarray:
@@ -171,11 +237,35 @@ class Refinement:
     after_s: float
 
 
+@dataclasses.dataclass(frozen=True)
+class Retarget:
+    """Stage `propose.target_options`: the table took `option`, its fewest device-seconds
+    with its largest shard under `target_s` of embedding time per device (`bound_s`: the
+    bound's embedding time)."""
+
+    table: str
+    option: Option
+    target_s: float
+    bound_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Move:
+    """Stage `refine.rebalance`: a shard of `table` moved from the busiest device `source`
+    to `dest`; the busiest device's embedding time went from `before_s` to `after_s`."""
+
+    table: str
+    source: int
+    dest: int
+    before_s: float
+    after_s: float
+
+
 @dataclasses.dataclass
 class Trace:
     """The search's decisions in the order it made them; `baseline` names the baseline that
     replaced the search's plan (predicted faster), if any."""
 
     clusters: list[ClusterChoice] = dataclasses.field(default_factory=list)
-    steps: list[RowSplit | Refinement] = dataclasses.field(default_factory=list)
+    steps: list[RowSplit | Refinement | Retarget | Move] = dataclasses.field(default_factory=list)
     baseline: str | None = None
