@@ -42,6 +42,14 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--plan-out", default=None, help="write the plan used as JSON here (default: not written)"
     )
+    p.add_argument(
+        "--data",
+        type=data_source,
+        default="synthetic",
+        help="training data: synthetic (Zipf ids), criteo-tsv:PATH (Kaggle/Terabyte TSV "
+        "file) or criteo-multihot:DIR (MLPerf DLRMv2 day_X_{labels,dense}.npy + "
+        "day_X_sparse_multi_hot.npz); Criteo needs a 26-table preset (default: synthetic)",
+    )
     p.add_argument("--steps", type=positive_int, default=200, help="training steps")
     p.add_argument(
         "--batch-size",
@@ -129,6 +137,62 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write checkpoints in the background (single process)",
     )
+
+
+DATA_KINDS = ("synthetic", "criteo-tsv", "criteo-multihot")
+
+
+def data_source(text: str) -> str:
+    """`synthetic`, `criteo-tsv:PATH` (an existing file) or `criteo-multihot:DIR` (an
+    existing directory)."""
+    kind, sep, path = text.partition(":")
+    if kind == "synthetic" and not sep:
+        return text
+    if kind not in DATA_KINDS[1:] or not path:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not synthetic, criteo-tsv:PATH or criteo-multihot:DIR"
+        )
+    if kind == "criteo-tsv" and not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"{kind}: {path!r} is not a file")
+    if kind == "criteo-multihot" and not os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{kind}: {path!r} is not a directory")
+    return text
+
+
+def _datasets(args, config, say):
+    """(training dataset, evaluation batches) for --data. Criteo data holds out its last
+    `--eval-batches` batches for evaluation when it has at least twice that many samples."""
+    import jax
+
+    kind, _, path = args.data.partition(":")
+    if kind == "synthetic":
+        from embark_jax.data.synthetic import SyntheticDataset
+
+        ds = SyntheticDataset(config, batch_size=args.batch_size, seed=args.seed)
+        return ds, [ds.batch(10**7 + i) for i in range(args.eval_batches)]
+    from embark_jax.data.criteo import CriteoMultiHot, CriteoTSV
+
+    reader = CriteoTSV if kind == "criteo-tsv" else CriteoMultiHot
+    try:
+        ds = reader(
+            path,
+            config,
+            batch_size=args.batch_size,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+        )
+    except (OSError, ValueError) as e:
+        raise CLIError(f"--data {args.data}: {e}") from None
+    say(f"data: {ds.num_samples} samples from {args.data}; {ds.describe_bad_rows()}")
+    held = args.eval_batches * args.batch_size
+    if ds.num_samples >= 2 * held:
+        train, held_out = ds.split(held)
+        say(f"evaluating on the last {held} samples (held out from training)")
+        evals = [held_out.batch(i) for i in range(args.eval_batches)]
+        held_out.close()
+        return train, evals
+    say(f"only {ds.num_samples} samples: evaluating on training samples (nothing held out)")
+    return ds, [ds.batch(i) for i in range(args.eval_batches)]
 
 
 def _sparse_optimizer(name: str, lr: float):
@@ -316,15 +380,14 @@ def run_train(args) -> int:
     multi, g, spec, ev, say, lead = _prepare(args)
     import jax
 
-    from embark_jax.data.synthetic import SyntheticDataset
     from embark_jax.training.loop import fit
 
     config = spec.embedding_config()
+    ds, eval_batches = _datasets(args, config, say)
     if lead and args.plan_out:
         ev.plan.to_json(args.plan_out)
         say(f"wrote {args.plan_out}")
     runner, state = _build(args, config, ev.plan)
-    ds = SyntheticDataset(config, batch_size=args.batch_size, seed=args.seed)
     state, start = _maybe_resume(args, runner, state, say)
     say(
         f"training {args.steps} steps, global batch {args.batch_size}, {g} devices on "
@@ -333,7 +396,7 @@ def run_train(args) -> int:
     t0 = time.perf_counter()
     callbacks, loggers = _callbacks(args, runner, start, lead)
     state, summary = fit(runner, state, ds, args.steps, start=start, callbacks=callbacks)
-    ev_metrics = runner.evaluate(state, [ds.batch(10**7 + i) for i in range(args.eval_batches)])
+    ev_metrics = runner.evaluate(state, eval_batches)
     for logger in loggers:
         prefix = "eval/" if hasattr(logger, "writer") else "eval_"
         logger.log_scalars(
@@ -343,6 +406,8 @@ def run_train(args) -> int:
         logger.close()
     result = {
         "model": args.model,
+        "data": args.data,
+        "bad_rows": dict(getattr(ds, "bad_rows", {})),
         "devices": g,
         "processes": jax.process_count(),
         "multi_process": multi,
@@ -361,6 +426,8 @@ def run_train(args) -> int:
         "predicted_step_ms": ev.step_s * 1e3,
         "losses": summary.losses,
     }
+    if hasattr(ds, "close"):
+        ds.close()
     _report(result, say)
     if lead and args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
