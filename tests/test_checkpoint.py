@@ -172,6 +172,8 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     assert any(".tmp-" in n for n in os.listdir(tmp_path))
     b = trainer(mixed_plan(), seed=8)
     assert b.restore(str(tmp_path))["step"] == 1
+    a.save(str(tmp_path))  # the next save cleans the interrupted one's leftovers
+    assert sorted(os.listdir(tmp_path)) == ["step_00000001", "step_00000002"]
 
 
 def test_restore_rejects_mismatched_tables(tmp_path):

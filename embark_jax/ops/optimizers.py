@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
+import numbers
 from typing import Any, ClassVar, NamedTuple
 
 import jax
@@ -69,6 +70,18 @@ def pack_hparams(**values) -> jax.Array:
     return jnp.stack(entries)
 
 
+def _check_hparam(opt: str, field: str, value: Any, bounds: tuple[float, float]) -> None:
+    """A one-line `ValueError` naming the optimizer, field and value unless `value` is a
+    finite real number in `[low, high)` (a NaN, inf, negative number or string is rejected)."""
+    low, high = bounds
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    ok = ok and math.isfinite(float(value)) and low <= float(value) < high
+    if not ok:
+        finite = math.isinf(high)
+        want = f"a finite number >= {low:g}" if finite else f"a number in [{low:g}, {high:g})"
+        raise ValueError(f"{opt}: {field} must be {want}, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SparseOptimizer(abc.ABC):
     """Base of the sparse optimizers. Rows < 0 or >= V are padding and left untouched; the
@@ -76,6 +89,21 @@ class SparseOptimizer(abc.ABC):
 
     learning_rate: float
     kernel_id: ClassVar[abi.OptimizerId]
+
+    # field -> [low, high): the valid range of each hyper-parameter (checked at construction)
+    _RANGES: ClassVar[dict[str, tuple[float, float]]] = {
+        "learning_rate": (0.0, math.inf),
+        "eps": (0.0, math.inf),
+        "initial_accumulator": (0.0, math.inf),
+        "b1": (0.0, 1.0),
+        "b2": (0.0, 1.0),
+    }
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if f.name in self._RANGES:
+                value = getattr(self, f.name)
+                _check_hparam(type(self).__name__, f.name, value, self._RANGES[f.name])
 
     @abc.abstractmethod
     def slot_shapes(self, vocab: int, dim: int) -> dict[str, tuple[int, ...]]:

@@ -10,9 +10,12 @@ optax state, the step, the data position and the plan (for reference):
 
 Saving and restoring stream table by table: at most one table (and its slots) is on the host
 at a time; restoring writes each table's rows straight into the new plan's device buffers.
-A save goes to `step_N.tmp-*` and is renamed when complete, so a crash mid-save leaves the
-previous checkpoint usable (and `latest_step` never sees a partial one). `save_async`
-writes in a background thread from an on-device snapshot while training continues.
+Saves are atomic (also re-saving a step), `latest_step` is the last one committed and
+pruning keeps the latest commits: see `embark_jax.training.checkpoint_dir`. A save refuses
+a state holding NaN or inf. Each table's meta.json entry records its dtype, optimizer, step
+and a fingerprint (CRC-32) of its data, so a restore into another optimizer or dtype, or
+from a table directory copied from another checkpoint, fails naming the table.
+`save_async` writes in a background thread from an on-device snapshot.
 
 Functions take a `TrainSetup` and a `TrainState` and never change the state they are given:
 `restore` and `import_table` build and return a new one (the caller swaps it in when it is
@@ -21,9 +24,7 @@ complete), so a failed restore leaves the live state usable.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import threading
 import uuid
 from typing import Any
@@ -35,16 +36,35 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from embark_jax.core.plan import Plan
-from embark_jax.sharding.lowering import Lowered
+from embark_jax.training.checkpoint_dir import (
+    FORMAT,
+    check_writable,
+    commit,
+    field,
+    latest_step,
+    read_meta,
+    resolve,
+    step_dir,
+    table_dirname,
+)
 from embark_jax.training.loop import CallbackBase
 from embark_jax.training.runner import StepRunner
 from embark_jax.training.state import TrainSetup, TrainState, init_slots
-from embark_jax.training.table_io import table_arrays, write_table
+from embark_jax.training.step import all_finite
+from embark_jax.training.table_io import (
+    check_arrays,
+    export_table,
+    fingerprint,
+    import_table,
+    table_arrays,
+    write_table,
+)
 
 __all__ = [
     "FORMAT",
     "CheckpointEvery",
     "PendingSave",
+    "check_writable",
     "export_table",
     "import_table",
     "latest_step",
@@ -52,27 +72,6 @@ __all__ = [
     "save",
     "save_async",
 ]
-
-FORMAT = "embark-ckpt/2"  # /2: the dense part holds the RNG key too
-
-
-def _step_dir(directory: str, step: int) -> str:
-    return os.path.join(directory, f"step_{step:08d}")
-
-
-def latest_step(directory: str) -> int | None:
-    """The newest complete checkpoint's step in `directory` (None if there is none)."""
-    if not os.path.isdir(directory):
-        return None
-    steps = [
-        int(n[5:])
-        for n in os.listdir(directory)
-        if n.startswith("step_")
-        and n[5:].isdigit()
-        and os.path.exists(os.path.join(directory, n, "meta.json"))
-    ]
-    return max(steps) if steps else None
-
 
 # --- save / restore -----------------------------------------------------------------------
 
@@ -105,8 +104,8 @@ def save_async(
 ) -> PendingSave:
     """Like `save`, but writes in a background thread while training goes on.
 
-    The state is first copied on the devices (training donates its buffers at the next
-    step), which costs one extra copy of the tables and slots in device memory until the
+    The state is first copied on the devices (in-place training donates its buffers at the
+    next step), which costs one extra copy of the tables and slots in device memory until the
     save is done. Single-process runs only (the multi-process save synchronises processes).
     """
     if jax.process_count() > 1:
@@ -130,22 +129,35 @@ def save_async(
 
     thread = threading.Thread(target=run, name=f"embark-ckpt-{step}", daemon=True)
     thread.start()
-    return PendingSave(_step_dir(directory, step), thread, box)
+    return PendingSave(step_dir(directory, step), thread, box)
 
 
 def _dense_tree(state: TrainState) -> dict[str, Any]:
     return {"params": state.dense_params, "opt": state.dense_opt, "rng": state.rng}
 
 
-def _table_meta(setup: TrainSetup, name: str, arrays: dict[str, Any]) -> dict[str, Any]:
-    t = setup.lowered.table(name)
+def _dense_spec(tree: Any) -> dict[str, list]:
+    """Path -> [shape, dtype] of every dense leaf (recorded in meta.json, checked first)."""
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    return {jax.tree_util.keystr(k): [list(v.shape), str(v.dtype)] for k, v in leaves}
+
+
+def _optimizer_name(setup: TrainSetup, name: str) -> str | None:
     opt = setup.lowered.group_of(name).optimizer
+    return type(opt).__name__ if opt else None
+
+
+def _table_meta(setup: TrainSetup, name: str, arrays: dict[str, Any], step: int) -> dict:
+    t = setup.lowered.table(name)
     return {
         "vocab_size": t.vocab_size,
         "dim": t.dim,
         "dtype": str(np.dtype(arrays["table"].dtype)),
-        "optimizer": type(opt).__name__ if opt else None,
+        "optimizer": _optimizer_name(setup, name),
         "slots": sorted(arrays["slots"]),
+        "dir": table_dirname(name),
+        "step": step,
+        "fingerprint": fingerprint(arrays),
     }
 
 
@@ -158,9 +170,13 @@ def save(
     data_position: int | None = None,
     max_to_keep: int | None = 3,
 ) -> str:
-    """Saves the whole training state; returns the checkpoint directory."""
+    """Saves the whole training state; returns the checkpoint directory. Refuses (a
+    `FloatingPointError`, nothing written) a state holding NaN or inf. Atomic, pruning and
+    leftovers: see `embark_jax.training.checkpoint_dir`."""
     step = int(state.step) if step is None else step
-    final = _step_dir(directory, step)
+    if not bool(all_finite(_dense_tree(state), state.tables, state.slots)):
+        raise FloatingPointError(f"refusing to save step {step}: the state holds NaN or inf")
+    final = step_dir(directory, step)
     tag = multihost_utils.broadcast_one_to_all(np.int64(uuid.uuid4().int % (1 << 62)))
     tmp = f"{final}.tmp-{int(tag):x}"
     ckptr = ocp.StandardCheckpointer()
@@ -169,9 +185,9 @@ def save(
     tables_meta = {}
     for tp in lowered.plan.tables:
         arrays = table_arrays(lowered, tp.name, state.tables, state.slots)
-        ckptr.save(os.path.join(tmp, "tables", tp.name), arrays)
+        ckptr.save(os.path.join(tmp, "tables", table_dirname(tp.name)), arrays)
         ckptr.wait_until_finished()  # one table on the host at a time
-        tables_meta[tp.name] = _table_meta(setup, tp.name, arrays)
+        tables_meta[tp.name] = _table_meta(setup, tp.name, arrays, step)
     ckptr.wait_until_finished()
     if jax.process_index() == 0:
         meta = {
@@ -179,46 +195,73 @@ def save(
             "step": step,
             "data_position": step if data_position is None else data_position,
             "plan": lowered.plan.to_dict(),
+            "dense": _dense_spec(_dense_tree(state)),
             "tables": tables_meta,
         }
-        _commit(directory, tmp, final, meta, max_to_keep)
+        commit(directory, tmp, final, meta, max_to_keep)
     multihost_utils.sync_global_devices(f"embark-ckpt-save-{step}")
     return final
 
 
-def _commit(directory: str, tmp: str, final: str, meta: dict, max_to_keep: int | None) -> None:
-    """Writes meta.json, renames the finished save into place and prunes old ones."""
-    with open(os.path.join(tmp, "meta.json"), "w") as fh:
-        json.dump(meta, fh, indent=1)
-    if os.path.exists(final):
-        shutil.rmtree(final)
-    os.replace(tmp, final)  # the checkpoint exists only once complete
-    if max_to_keep:
-        steps = sorted(
-            int(n[5:]) for n in os.listdir(directory) if n.startswith("step_") and n[5:].isdigit()
-        )
-        for old in steps[:-max_to_keep]:
-            shutil.rmtree(_step_dir(directory, old), ignore_errors=True)
-
-
-def read_meta(path: str) -> dict[str, Any]:
-    with open(os.path.join(path, "meta.json")) as fh:
-        meta = json.load(fh)
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: unsupported checkpoint format {meta.get('format')!r}")
-    return meta
-
-
-def _check_tables(lowered: Lowered, meta: dict, path: str) -> None:
-    for tp in lowered.plan.tables:
-        if tp.name not in meta["tables"]:
-            raise ValueError(f"checkpoint {path} has no table {tp.name!r}")
-        saved, t = meta["tables"][tp.name], lowered.table(tp.name)
-        if (saved["vocab_size"], saved["dim"]) != (t.vocab_size, t.dim):
+def _check_tables(setup: TrainSetup, meta: dict, path: str) -> None:
+    """Every mismatch between the checkpoint's tables and the model's, before any read."""
+    saved_tables = field(meta, "tables", f"{path}/meta.json")
+    lowered = setup.lowered
+    configured = [tp.name for tp in lowered.plan.tables]
+    extra = sorted(set(saved_tables) - set(configured))
+    if extra:
+        raise ValueError(f"checkpoint {path} has tables {extra} that the model does not configure")
+    for name in configured:
+        if name not in saved_tables:
+            raise ValueError(f"checkpoint {path} has no table {name!r}")
+        saved, t = saved_tables[name], lowered.table(name)
+        where = f"{path}/meta.json table {name!r}"
+        shape = [field(saved, "vocab_size", where), field(saved, "dim", where)]
+        if shape != [t.vocab_size, t.dim]:
             raise ValueError(
-                f"table {tp.name!r}: checkpoint is [{saved['vocab_size']}, "
-                f"{saved['dim']}], configured [{t.vocab_size}, {t.dim}]"
+                f"table {name!r}: checkpoint is {shape}, configured [{t.vocab_size}, {t.dim}]"
             )
+        want = str(np.dtype(jnp.dtype(lowered.group_of(name).dtype)))
+        if field(saved, "dtype", where) != want:
+            raise ValueError(
+                f"table {name!r}: checkpoint dtype {saved['dtype']}, configured {want} "
+                "(not converted; restore into a model with the same table dtype)"
+            )
+        opt = _optimizer_name(setup, name)
+        if field(saved, "optimizer", where) != opt:
+            raise ValueError(
+                f"table {name!r}: checkpoint optimizer {saved['optimizer']}, configured {opt} "
+                "(saved with another optimizer; slots are not converted)"
+            )
+
+
+def _check_dense(setup: TrainSetup, meta: dict, path: str) -> None:
+    saved = meta.get("dense")
+    if saved is None:  # written before dense specs were recorded
+        return
+    want = _dense_spec(setup.dense_template)
+    for key in sorted(set(saved) | set(want)):
+        if saved.get(key) != want.get(key):
+            raise ValueError(
+                f"checkpoint {path}: dense parameter {key} is {saved.get(key)} there, "
+                f"{want.get(key)} in the model (another dense model or table set?)"
+            )
+
+
+def _read(what: str, fn):
+    """`fn()`, with any failure re-raised as one line naming what was being read."""
+    try:
+        return fn()
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise ValueError(f"cannot read {what}: {type(e).__name__}: {first}") from e
+
+
+def _table_dir(path: str, name: str, saved: dict) -> str:
+    d = saved.get("dir", name)  # checkpoints before encoded names used the name itself
+    if d != table_dirname(name) and (d in ("", ".", "..") or "/" in d or os.sep in d):
+        raise ValueError(f"table {name!r}: unsafe directory {d!r} in {path}/meta.json")
+    return os.path.join(path, "tables", d)
 
 
 def _empty_tables(setup: TrainSetup) -> dict[str, jax.Array]:
@@ -239,20 +282,33 @@ def restore(
     """Builds a new `TrainState` from a checkpoint, whatever plan, device count or process
     count it was saved with (laid out for `setup`'s plan). Returns `(state, meta)`; meta has
     `step`, `data_position`, `plan` (the plan it was saved with) and `path`. Nothing the
-    caller holds is changed, so a failure leaves the live state usable."""
+    caller holds is changed, so a failure leaves the live state usable. Every mismatch
+    (tables, shapes, dtypes, optimizers, dense parameters, a table directory that is not
+    the one this checkpoint recorded) is a `ValueError` naming the table or parameter."""
     step = latest_step(directory) if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"no complete checkpoint in {directory}")
-    path = _step_dir(directory, step)
+    path = None if step is None else resolve(directory, step)
+    if path is None:
+        what = "no complete checkpoint" if step is None else f"no complete checkpoint {step}"
+        raise FileNotFoundError(f"{what} in {directory}")
     meta = read_meta(path)
     lowered = setup.lowered
-    _check_tables(lowered, meta, path)
+    _check_tables(setup, meta, path)
+    _check_dense(setup, meta, path)
     ckptr = ocp.StandardCheckpointer()
-    dense = ckptr.restore(os.path.join(path, "dense"), setup.dense_template)
+    dense_dir = os.path.join(path, "dense")
+    dense = _read(dense_dir, lambda: ckptr.restore(dense_dir, setup.dense_template))
     tables = _empty_tables(setup)
     slots = init_slots(setup, tables)
     for tp in lowered.plan.tables:
-        arrays = ckptr.restore(os.path.join(path, "tables", tp.name))
+        saved = meta["tables"][tp.name]
+        d = _table_dir(path, tp.name, saved)
+        arrays = _read(f"table {tp.name!r} ({d})", lambda d=d: ckptr.restore(d))
+        if "fingerprint" in saved and fingerprint(arrays) != saved["fingerprint"]:
+            raise ValueError(
+                f"table {tp.name!r}: {d} does not match the fingerprint recorded for step "
+                f"{meta['step']} (copied from another checkpoint, or damaged)"
+            )
+        check_arrays(lowered, tp.name, arrays)
         write_table(lowered, tp.name, arrays, tables, slots)
     state = TrainState(
         step=jax.device_put(np.int32(meta["step"]), setup.replicated),
@@ -267,48 +323,13 @@ def restore(
     return state, meta
 
 
-# --- single tables <-> numpy ------------------------------------------------------------
-
-
-def export_table(setup: TrainSetup, state: TrainState, name: str, path: str) -> None:
-    """Writes one table to `path`: `.npy` (the table) or `.npz` (table and slots)."""
-    arrays = table_arrays(setup.lowered, name, state.tables, state.slots)
-    if path.endswith(".npz"):
-        np.savez(
-            path, table=arrays["table"], **{f"slot_{k}": v for k, v in arrays["slots"].items()}
-        )
-    else:
-        np.save(path, arrays["table"])
-
-
-def import_table(setup: TrainSetup, state: TrainState, name: str, path: str) -> TrainState:
-    """A new state with one table (e.g. pretrained embeddings) loaded from `.npy`/`.npz`;
-    slots found in an `.npz` are loaded too, others keep their values. The given state is
-    not changed (its group buffer is copied before the write)."""
-    lowered = setup.lowered
-    current = table_arrays(lowered, name, state.tables, state.slots)
-    if path.endswith(".npz"):
-        with np.load(path) as z:
-            arrays = {
-                "table": z["table"],
-                "slots": {k[5:]: z[k] for k in z.files if k.startswith("slot_")},
-            }
-        arrays["slots"] = {**current["slots"], **arrays["slots"]}
-    else:
-        arrays = {"table": np.load(path), "slots": current["slots"]}
-    group = lowered.group_of(name).name
-    tables = {**state.tables, group: jnp.copy(state.tables[group])}
-    slots = {**state.slots, group: jax.tree.map(jnp.copy, state.slots[group])}
-    write_table(lowered, name, arrays, tables, slots)
-    return state.replace(tables=tables, slots=slots)
-
-
 # --- the fit loop's checkpoint callback ----------------------------------------------
 
 
 class CheckpointEvery(CallbackBase):
     """Saves a checkpoint every `every` steps and after the last one (asynchronously with
-    `async_save`: one save in flight at a time). `last_saved` is the newest complete save."""
+    `async_save`: one save in flight at a time). `last_saved` is the newest complete save.
+    Construction checks that `directory` is writable (`PermissionError` otherwise)."""
 
     def __init__(
         self,
@@ -319,6 +340,7 @@ class CheckpointEvery(CallbackBase):
         *,
         async_save: bool = False,
     ):
+        check_writable(directory)  # fail before training, not at the first save
         self.directory, self.runner, self.every = directory, runner, every
         self.last_step, self.async_save = last_step, async_save
         self.last_saved: str | None = None

@@ -64,18 +64,10 @@ def _pump(stream, prefix: str) -> None:
         sys.stdout.flush()
 
 
-def launch(
-    argv: list[str],
-    nproc: int,
-    devices_per_proc: int,
-    *,
-    grace_s: float = 20.0,
-    timeout_s: float | None = None,
-) -> int:
-    """Runs `python -m embark_jax <argv>` in `nproc` local processes; returns the first
-    non-zero exit code (or 0). A failed process takes the others down after `grace_s`."""
+def _start(argv: list[str], nproc: int, devices_per_proc: int):
+    """Starts the processes; returns them and the threads pumping their output."""
     port = free_port()
-    procs = []
+    procs, pumps = [], []
     for i in range(nproc):
         env = dict(os.environ)
         env.update(
@@ -94,35 +86,62 @@ def launch(
             stderr=subprocess.STDOUT,
             text=True,
         )
-        threading.Thread(target=_pump, args=(p.stdout, f"[{i}] "), daemon=True).start()
+        t = threading.Thread(target=_pump, args=(p.stdout, f"[{i}] "), daemon=True)
+        t.start()
         procs.append(p)
+        pumps.append(t)
+    return procs, pumps
+
+
+def launch(
+    argv: list[str],
+    nproc: int,
+    devices_per_proc: int,
+    *,
+    grace_s: float = 20.0,
+    timeout_s: float | None = None,
+) -> int:
+    """Runs `python -m embark_jax <argv>` in `nproc` local processes; returns the first
+    non-zero exit code (or 0).
+
+    The bound: when a process fails, the others are killed `grace_s` seconds later unless
+    they finish (within one 0.1 s poll), so the launcher returns at most `grace_s` + ~1 s
+    after the first failure (the start-up and training time before it aside). What
+    happened is printed once every process has stopped and its output is drained:
+    `launch: process I exited with code C after T s` and `launch: stopped processes
+    [...] after the grace period; all stopped S s after the failure`."""
+    procs, pumps = _start(argv, nproc, devices_per_proc)
     start = time.monotonic()
-    failed_at = None
-    code = 0
+    failed: tuple[int, int, float] | None = None  # (process, code, time)
+    killed: list[int] = []
     while True:
         codes = [p.poll() for p in procs]
-        bad = [c for c in codes if c not in (None, 0)]
-        if bad and failed_at is None:
-            failed_at = time.monotonic()
-            code = bad[0]
-            print(
-                f"launch: a process exited with code {code}; stopping the others in "
-                f"{grace_s:.0f} s unless they finish",
-                flush=True,
-            )
+        bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        now = time.monotonic()
+        if bad and failed is None:
+            failed = (*bad[0], now)
         if all(c is not None for c in codes):
             break
-        now = time.monotonic()
-        if (failed_at is not None and now - failed_at > grace_s) or (
+        if (failed is not None and now - failed[2] > grace_s) or (
             timeout_s is not None and now - start > timeout_s
         ):
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            code = code or 124
-            print("launch: killed the remaining processes", flush=True)
+            killed = [i for i, p in enumerate(procs) if p.poll() is None]
+            for i in killed:
+                procs[i].kill()
             for p in procs:
                 p.wait()
             break
         time.sleep(0.1)
-    return code
+    end = time.monotonic()
+    for t in pumps:
+        t.join(timeout=5)
+    if failed is not None:
+        i, c, at = failed
+        print(f"launch: process {i} exited with code {c} after {at - start:.1f} s", flush=True)
+    if killed:
+        why = "after the grace period" if failed is not None else f"at the {timeout_s} s timeout"
+        since = f"{end - failed[2]:.1f} s after the failure" if failed else f"{end - start:.1f} s"
+        print(f"launch: stopped processes {killed} {why}; all stopped {since}", flush=True)
+    elif failed is not None:
+        print(f"launch: all stopped {end - failed[2]:.1f} s after the failure", flush=True)
+    return failed[1] if failed is not None else (124 if killed else 0)

@@ -3,8 +3,8 @@
 `fit` runs steps and calls callbacks around them; everything optional (progress output,
 checkpoints, fault injection for tests: `embark_jax.training.callbacks`,
 `embark_jax.training.checkpoint.CheckpointEvery`) is a callback, so the loop stays a loop.
-Callbacks see the state the step returned; they must not keep it past the call (the next
-step donates it), except by copying (as the asynchronous checkpoint does). A callback that
+Callbacks see the state the step returned; they must not keep it past the call (an
+in-place runner's next step donates it), except by copying (as the asynchronous checkpoint does). A callback that
 saves checkpoints exposes `last_saved` (the newest complete one), which a NaN/inf loss
 error names.
 """
@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from embark_jax.sharding.collection import CapacityOverflowError
 from embark_jax.training.metrics import StreamingAUC
 from embark_jax.training.runner import NonFiniteLossError, StepResult, StepRunner
 from embark_jax.training.state import TrainState
@@ -69,7 +70,10 @@ def fit(
     callbacks: Sequence[Callback] = (),
 ) -> tuple[TrainState, FitSummary]:
     """Trains `steps` steps on `dataset.batch(start + i)`; returns the final state and a
-    summary. A NaN/inf loss raises `NonFiniteLossError` naming the last checkpoint saved."""
+    summary. A NaN/inf loss or state raises `NonFiniteLossError` naming the step and the
+    last checkpoint saved. When a step fails a check (that error, or `CapacityOverflowError`
+    under `overflow="error"`), the exception's `state` is the state before that step (usable
+    with a transactional runner; None when the runner donated it)."""
     acc, losses = StreamingAUC(), []
     overflow = {t.name: 0 for t in runner.setup.plan.tables}
     t0 = first = time.perf_counter()
@@ -82,7 +86,12 @@ def fit(
         except NonFiniteLossError as e:
             saved = [getattr(cb, "last_saved", None) for cb in callbacks]
             last = next((s for s in saved if s), None)
-            raise NonFiniteLossError(f"{e}; last good checkpoint: {last or 'none saved'}") from e
+            err = NonFiniteLossError(f"{e}; last good checkpoint: {last or 'none saved'}")
+            err.state = state if runner.transactional else None
+            raise err from e
+        except CapacityOverflowError as e:
+            e.state = state if runner.transactional else None
+            raise
         if i == 0:
             first = time.perf_counter()
         losses.append(result.loss)

@@ -1,8 +1,18 @@
 """`StepRunner`: runs the compiled train step on host batches.
 
-It validates and places each batch, calls the jitted step, checks the loss, and applies the
-overflow policy. It holds the setup and the compiled step, never the training state: the
-caller passes a `TrainState` in and gets the new one back.
+It validates and places each batch, calls the jitted step, checks that the loss and the
+updated state are finite, and applies the overflow policy. It holds the setup and the
+compiled step, never the training state: the caller passes a `TrainState` in and gets the
+new one back.
+
+Transactional steps (the default): the state passed in is not donated, so when a check
+fails (`NonFiniteLossError`, or `CapacityOverflowError` under `overflow="error"`) nothing
+is committed and the caller still holds the state from before the step, usable and
+unchanged; retrying cannot apply a batch twice. The cost: the step writes its result into
+new buffers instead of updating the tables in place, so device memory holds two copies of
+the tables and slots during a step and each step copies them once.
+`StepRunner(setup, transactional=False)` donates the state (in place, one copy of the
+tables); a failed check then raises with the input state gone (restore the last checkpoint).
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ from embark_jax.core.options import OverflowPolicy
 from embark_jax.data.batch import Batch
 from embark_jax.sharding import hlo_bytes
 from embark_jax.sharding.capacity import grow_capacities
-from embark_jax.sharding.collection import check_overflow
+from embark_jax.sharding.collection import CapacityOverflowError, check_overflow
 from embark_jax.training.metrics import StreamingAUC
 from embark_jax.training.state import TrainSetup, TrainState, with_plan
 from embark_jax.training.step import compile_eval_step, compile_train_step
@@ -29,7 +39,8 @@ __all__ = ["NonFiniteLossError", "StepResult", "StepRunner"]
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or inf; the message names the step."""
+    """The loss, or the state the step produced, holds NaN or inf; the message names the
+    step (and, raised from `fit`, the last good checkpoint). The step was not applied."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,15 +64,20 @@ class StepRunner:
         (count, double the overflowing tables' capacities and recompile: later steps fit;
         the ids dropped in the overflowing step got no update).
       validate_inputs: check every batch on the host before it reaches a device.
+      transactional: do not donate the state, so a failed check leaves the caller's state
+        as it was (see the module docstring for the cost); False updates in place.
     """
 
-    def __init__(self, setup: TrainSetup, *, validate_inputs: bool = True):
+    def __init__(
+        self, setup: TrainSetup, *, validate_inputs: bool = True, transactional: bool = True
+    ):
         self.validate_inputs = validate_inputs
+        self.transactional = transactional
         self._compile(setup)
 
     def _compile(self, setup: TrainSetup) -> None:
         self.setup = setup
-        self._step = compile_train_step(setup)
+        self._step = compile_train_step(setup, donate=not self.transactional)
         self._eval = compile_eval_step(setup)
 
     # --- batches ---------------------------------------------------------------------
@@ -94,25 +110,35 @@ class StepRunner:
     # --- steps -----------------------------------------------------------------------
 
     def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, StepResult]:
-        """One training step; the input state is donated (use the returned one)."""
+        """One training step; use the returned state. Transactional runners leave the
+        input state valid (and, when a check raises, unchanged); others donate it."""
         if self.validate_inputs:
             self.check_batch(batch)
-        state, out = self._step(state, self.put_batch(batch))
+        new, out = self._step(state, self.put_batch(batch))
         loss = float(out["loss"])
-        step = int(state.step)
-        if not math.isfinite(loss):
-            raise NonFiniteLossError(f"loss is {loss} at step {step}")
+        step = int(new.step)
+        kept = (
+            "the step was not applied; the state passed in is unchanged"
+            if self.transactional
+            else "the state passed in was donated and is lost; restore a checkpoint"
+        )
+        if not math.isfinite(loss) or not bool(out["finite"]):
+            what = f"loss {loss}" if not math.isfinite(loss) else "state after the update"
+            raise NonFiniteLossError(f"non-finite {what} at step {step} ({kept})")
         names = [t.name for t in self.setup.plan.tables]
         overflow = {n: int(v) for n, v in zip(names, np.asarray(out["overflow"]), strict=True)}
         policy = self.setup.options.overflow
         if policy is OverflowPolicy.ERROR:
-            check_overflow(overflow)
+            try:
+                check_overflow(overflow)
+            except CapacityOverflowError as e:
+                raise CapacityOverflowError(f"{e} (at step {step}; {kept})") from None
         elif policy is OverflowPolicy.GROW and any(overflow.values()):
             grown = [name for name, n in overflow.items() if n > 0]
             plan = grow_capacities(self.setup.plan, grown, self.setup.options)
             self._compile(with_plan(self.setup, plan))
         probs = self._host(out["probs"])
-        return state, StepResult(loss, probs, np.asarray(batch.labels), overflow, step)
+        return new, StepResult(loss, probs, np.asarray(batch.labels), overflow, step)
 
     def evaluate(self, state: TrainState, batches: Iterable[Batch]) -> dict[str, float]:
         """AUC and log loss of the model over `batches` (no update)."""

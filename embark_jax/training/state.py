@@ -3,8 +3,9 @@
 `TrainState` holds every array that changes during training: the step counter, the dense
 parameters and their optax state, the embedding buffers (one stacked `[G, rows, width]`
 buffer per lowered group) and their sparse-optimizer slots, and an RNG key. Whoever holds
-a `TrainState` owns it; functions take one and return a new one (the train step donates
-the old one). Nothing else keeps a copy.
+a `TrainState` owns it; functions take one and return a new one (an in-place step runner
+donates the old one; the default, transactional one leaves it valid). Nothing else keeps
+a copy.
 
 `TrainSetup` holds what does not change: the configs, the lowered plan, the mesh, the
 run-time options, the optimizers and the dense model's graph. It is immutable; a new

@@ -5,11 +5,16 @@ way), independent of any plan: checkpoints and single-table export use it. Readi
 only the blocks a table's shards live in; writing updates one device's block in place, so no
 host ever builds a whole group buffer. Where each id's row lives is asked of the lowered
 plan's `ShardLayout` (`Lowered.layout`, `Lowered.shard_ids`).
+
+Everything written is checked first (`check_arrays`: shape, finite values within the table
+dtype's range, the configured optimizer's slot names and shapes, non-negative
+accumulators), for checkpoint restores and single-table imports (`import_table`) alike.
 """
 
 from __future__ import annotations
 
 import functools
+import zlib
 from typing import Any
 
 import jax
@@ -20,8 +25,20 @@ from jax.sharding import PartitionSpec as P
 
 from embark_jax.core.plan import Cluster
 from embark_jax.sharding.lowering import Lowered
+from embark_jax.training.state import TrainSetup, TrainState
 
-__all__ = ["table_arrays", "write_table"]
+__all__ = [
+    "check_arrays",
+    "expected_slots",
+    "export_table",
+    "fingerprint",
+    "import_table",
+    "table_arrays",
+    "write_table",
+]
+
+# slots that are sums of squares: negative values are impossible (and give NaN updates)
+_NON_NEGATIVE = ("accumulator", "v")
 
 
 def _block(arr: jax.Array, g: int) -> np.ndarray:
@@ -41,6 +58,76 @@ def _gathered(arr: jax.Array):
 
 def _slot_leaves(state) -> dict[str, jax.Array]:
     return dict(zip(getattr(state, "_fields", ()), state, strict=True))
+
+
+def expected_slots(lowered: Lowered, name: str) -> dict[str, tuple[int, ...]]:
+    """Slot name -> logical shape for table `name` under its configured optimizer (a
+    per-table counter such as Adam's `count` is `()`)."""
+    group = lowered.group_of(name)
+    t = lowered.table(name)
+    opt = group.optimizer
+    if opt is None:
+        return {}
+    shapes = opt.slot_shapes(t.vocab_size, t.dim)
+    fields = jax.eval_shape(opt.init, jax.ShapeDtypeStruct((1, 1), jnp.float32))._fields
+    return {k: tuple(shapes.get(k, ())) for k in fields}
+
+
+def _check_values(name: str, what: str, x: np.ndarray, dtype: np.dtype) -> None:
+    if not np.issubdtype(x.dtype, np.number):
+        raise ValueError(f"table {name!r}: {what} has non-numeric dtype {x.dtype}")
+    if np.issubdtype(x.dtype, np.inexact) and not np.all(np.isfinite(x)):
+        raise ValueError(f"table {name!r}: {what} holds NaN or inf")
+    if np.issubdtype(dtype, np.floating) and x.size:
+        limit = float(jnp.finfo(dtype).max)
+        if float(np.max(np.abs(x.astype(np.float64)))) > limit:
+            raise ValueError(f"table {name!r}: {what} has values beyond the {dtype} range")
+
+
+def check_arrays(lowered: Lowered, name: str, arrays: dict[str, Any], *, partial=False) -> None:
+    """Checks a table (and its slots) in logical form before it is written: shape, finite
+    values that fit the table's dtype, known slot names with the configured optimizer's
+    shapes, non-negative accumulators. `partial`: slots may be missing (an import keeps
+    the others). One-line `ValueError` naming the table, the slot and the problem."""
+    t = lowered.table(name)
+    dtype = np.dtype(jnp.dtype(lowered.group_of(name).dtype))
+    table = np.asarray(arrays["table"])
+    if table.shape != (t.vocab_size, t.dim):
+        raise ValueError(
+            f"table {name!r}: checkpoint shape {table.shape} != configured {(t.vocab_size, t.dim)}"
+        )
+    _check_values(name, "table", table, dtype)
+    want = expected_slots(lowered, name)
+    got = arrays.get("slots", {})
+    unknown = sorted(set(got) - set(want))
+    if unknown:
+        opt = type(lowered.group_of(name).optimizer).__name__
+        raise ValueError(f"table {name!r}: unknown slots {unknown} for optimizer {opt}")
+    missing = sorted(set(want) - set(got))
+    if missing and not partial:
+        raise ValueError(
+            f"table {name!r}: checkpoint has no optimizer slots {missing} "
+            "(saved with another optimizer?)"
+        )
+    for k, v in got.items():
+        v = np.asarray(v)
+        if v.shape != want[k]:
+            raise ValueError(f"table {name!r}: slot {k!r} has shape {v.shape}, expected {want[k]}")
+        _check_values(name, f"slot {k!r}", v, np.dtype(np.float32))
+        if (k in _NON_NEGATIVE or v.ndim == 0) and np.any(v < 0):
+            raise ValueError(f"table {name!r}: slot {k!r} has negative values")
+
+
+def fingerprint(arrays: dict[str, Any]) -> str:
+    """A CRC-32 of a table's and its slots' bytes (shape and dtype included), recorded per
+    table in meta.json: a table directory copied from another checkpoint does not match."""
+    crc = 0
+    items = [("table", arrays["table"]), *sorted(arrays.get("slots", {}).items())]
+    for k, v in items:
+        v = np.ascontiguousarray(v)
+        crc = zlib.crc32(f"{k}:{v.shape}:{v.dtype};".encode(), crc)
+        crc = zlib.crc32(v.view(np.uint8).reshape(-1) if v.size else b"", crc)
+    return f"{crc:08x}"
 
 
 def table_arrays(lowered: Lowered, name: str, buffers: dict, states: dict) -> dict[str, Any]:
@@ -132,3 +219,50 @@ def write_table(
                 leaves[k] = _write(leaf, v[ids], s.device, s.row_offset)
     if state is not None:
         states[group.name] = type(state)(*[leaves[k] for k in fields])
+
+
+# --- single tables <-> numpy ------------------------------------------------------------
+
+
+def export_table(setup: TrainSetup, state: TrainState, name: str, path: str) -> None:
+    """Writes one table to `path`: `.npy` (the table) or `.npz` (table and slots)."""
+    arrays = table_arrays(setup.lowered, name, state.tables, state.slots)
+    if path.endswith(".npz"):
+        np.savez(
+            path, table=arrays["table"], **{f"slot_{k}": v for k, v in arrays["slots"].items()}
+        )
+    else:
+        np.save(path, arrays["table"])
+
+
+def _load_npz(path: str, name: str) -> dict[str, Any]:
+    with np.load(path) as z:
+        if "table" not in z.files:
+            raise ValueError(f"table {name!r}: {path} has no array 'table'")
+        other = sorted(k for k in z.files if k != "table" and not k.startswith("slot_"))
+        if other:
+            raise ValueError(f"table {name!r}: {path} has unknown arrays {other}")
+        return {
+            "table": z["table"],
+            "slots": {k[5:]: z[k] for k in z.files if k.startswith("slot_")},
+        }
+
+
+def import_table(setup: TrainSetup, state: TrainState, name: str, path: str) -> TrainState:
+    """A new state with one table (e.g. pretrained embeddings) loaded from `.npy`/`.npz`;
+    slots found in an `.npz` are loaded too, others keep their values. Values are checked
+    first (`table_io.check_arrays`: shape, finite, in the table dtype's range, known slots
+    of the right shape, non-negative accumulators). The given state is not changed."""
+    lowered = setup.lowered
+    if path.endswith(".npz"):
+        arrays = _load_npz(path, name)
+    else:
+        arrays = {"table": np.load(path), "slots": {}}
+    check_arrays(lowered, name, arrays, partial=True)
+    current = table_arrays(lowered, name, state.tables, state.slots)
+    arrays["slots"] = {**current["slots"], **arrays["slots"]}
+    group = lowered.group_of(name).name
+    tables = {**state.tables, group: jnp.copy(state.tables[group])}
+    slots = {**state.slots, group: jax.tree.map(jnp.copy, state.slots[group])}
+    write_table(lowered, name, arrays, tables, slots)
+    return state.replace(tables=tables, slots=slots)

@@ -1,0 +1,204 @@
+"""The checkpoint directory: names, metadata files, atomic commits, pruning, leftovers.
+
+Rules (docs/design.md §8, "Checkpoints"):
+
+* **Atomic saves.** A save is written to `step_N.tmp-<tag>` and renamed to `step_N` once
+  complete (meta.json last). Re-saving an existing step first renames the old `step_N` to
+  `step_N.old-<tag>`, then renames the new one into place, then deletes the old one; a crash
+  between the two renames leaves the old one complete under its `.old-` name, which
+  `latest_step` / `resolve` still find (and the next save renames back or deletes). At
+  every instant a complete checkpoint of the newest step exists.
+* **Latest = last committed.** Each commit records a `sequence` number in meta.json, one
+  more than any checkpoint already in the directory. `latest_step` is the checkpoint with
+  the highest sequence (save order, not step number), and pruning keeps the `max_to_keep`
+  most recently committed ones: a fresh run saving step 1 into a directory holding an older
+  run's steps 100-102 keeps its step 1 (and `--resume` continues the new run). Checkpoints
+  written before sequences existed count as older than any that has one.
+* **Pruning is atomic too**: a pruned checkpoint is renamed to `step_N.del-<tag>` before it
+  is deleted, so a half-deleted one is never taken for complete.
+* **Leftovers** of interrupted saves (`.tmp-*`, `.del-*`, `.old-*`) are cleaned by the next
+  commit. One save at a time per directory.
+* **Table names** become one path component each (`table_dirname`): characters other than
+  letters, digits, `_` and `-` are %-escaped, so no name can leave the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from typing import Any
+
+__all__ = [
+    "FORMAT",
+    "check_writable",
+    "commit",
+    "field",
+    "latest_step",
+    "read_json",
+    "read_meta",
+    "resolve",
+    "step_dir",
+    "table_dirname",
+]
+
+FORMAT = "embark-ckpt/2"  # /2: the dense part holds the RNG key too
+_PREFIX = "step_"
+
+
+def step_dir(directory: str, step: int) -> str:
+    return os.path.join(directory, f"{_PREFIX}{step:08d}")
+
+
+def table_dirname(name: str) -> str:
+    """A table name as one safe path component (letters, digits, `_`, `-` kept; every other
+    byte of its UTF-8 form written `%XX`): `../x` -> `%2E%2E%2Fx`."""
+    keep = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+    out = "".join(c if c in keep else "".join(f"%{b:02X}" for b in c.encode()) for c in name)
+    if not out:
+        raise ValueError("a table name must not be empty")
+    return out
+
+
+def check_writable(directory: str) -> None:
+    """Creates `directory` if needed and writes and removes a probe file in it; raises
+    `PermissionError` (one line, naming the directory) when checkpoints cannot be saved
+    there. Call it before training starts (`CheckpointEvery` does at construction)."""
+    probe = os.path.join(directory, f".write-probe-{uuid.uuid4().hex}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(probe, "w") as fh:
+            fh.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise PermissionError(
+            f"checkpoint directory {directory!r} is not writable: {e.strerror or e}"
+        ) from None
+
+
+def read_json(path: str) -> dict[str, Any]:
+    """A JSON object from `path`; `ValueError` naming the file when it is truncated or not
+    an object, `FileNotFoundError` naming it when it is missing."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"checkpoint file {path} is not valid JSON (truncated?): {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"checkpoint file {path} does not hold a JSON object")
+    return data
+
+
+def field(obj: dict[str, Any], key: str, where: str) -> Any:
+    """`obj[key]`, or a `ValueError` naming the file/entry and the missing field."""
+    if not isinstance(obj, dict) or key not in obj:
+        raise ValueError(f"checkpoint metadata {where} has no field {key!r}")
+    return obj[key]
+
+
+def read_meta(path: str) -> dict[str, Any]:
+    """The meta.json of the checkpoint at `path`, checked for the fields a restore needs."""
+    file = os.path.join(path, "meta.json")
+    meta = read_json(file)
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: unsupported checkpoint format {meta.get('format')!r}")
+    for key in ("step", "plan", "tables"):
+        field(meta, key, file)
+    return meta
+
+
+def _sequence(path: str) -> int:
+    """The commit sequence of a complete checkpoint (-1 for one without; unreadable
+    metadata counts as oldest here, and fails loudly when restored)."""
+    try:
+        seq = read_json(os.path.join(path, "meta.json")).get("sequence", -1)
+    except (OSError, ValueError):
+        return -1
+    return seq if isinstance(seq, int) else -1
+
+
+def _complete(directory: str) -> dict[int, str]:
+    """step -> path of every complete checkpoint (`step_N`, or `step_N.old-*` when a
+    re-save was interrupted between its renames and `step_N` is missing)."""
+    if not os.path.isdir(directory):
+        return {}
+    found: dict[int, str] = {}
+    for n in sorted(os.listdir(directory)):
+        if not n.startswith(_PREFIX):
+            continue
+        num, _, suffix = n[len(_PREFIX) :].partition(".")
+        if not num.isdigit() or (suffix and not suffix.startswith("old-")):
+            continue
+        path = os.path.join(directory, n)
+        if not os.path.exists(os.path.join(path, "meta.json")):
+            continue
+        if not suffix or int(num) not in found:
+            found[int(num)] = path
+    return found
+
+
+def _by_commit_order(directory: str) -> list[tuple[int, str]]:
+    """(step, path) of every complete checkpoint, oldest commit first."""
+    found = _complete(directory)
+    return sorted(found.items(), key=lambda kv: (_sequence(kv[1]), kv[0]))
+
+
+def latest_step(directory: str) -> int | None:
+    """The step of the most recently committed complete checkpoint (None if there is none)."""
+    order = _by_commit_order(directory)
+    return order[-1][0] if order else None
+
+
+def resolve(directory: str, step: int) -> str | None:
+    """Path of the complete checkpoint of `step` (None if there is none)."""
+    return _complete(directory).get(step)
+
+
+def _remove(path: str, tag: str) -> None:
+    """Deletes a directory atomically as far as readers go: renamed first, then removed."""
+    gone = f"{path}.del-{tag}"
+    os.replace(path, gone)
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def _clean_leftovers(directory: str, keep: str) -> None:
+    """Removes what interrupted saves left (except `keep`, the save being committed)."""
+    for n in sorted(os.listdir(directory)):
+        path = os.path.join(directory, n)
+        if not n.startswith(_PREFIX) or path == keep:
+            continue
+        base, _, suffix = n.partition(".")
+        if suffix.startswith(("tmp-", "del-")):
+            shutil.rmtree(path, ignore_errors=True)
+        elif suffix.startswith("old-"):
+            final = os.path.join(directory, base)
+            if os.path.exists(os.path.join(final, "meta.json")):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.exists(os.path.join(path, "meta.json")):
+                if os.path.exists(final):  # an incomplete step_N: the old one wins
+                    shutil.rmtree(final, ignore_errors=True)
+                os.replace(path, final)
+
+
+def commit(directory: str, tmp: str, final: str, meta: dict, max_to_keep: int | None) -> None:
+    """Writes meta.json into the finished save `tmp`, moves it to `final` (see the module
+    docstring for the order of renames) and prunes the oldest commits."""
+    _clean_leftovers(directory, keep=tmp)
+    order = _by_commit_order(directory)
+    meta = {**meta, "sequence": 1 + max((_sequence(p) for _, p in order), default=0)}
+    with open(os.path.join(tmp, "meta.json"), "w") as fh:
+        json.dump(meta, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tag = uuid.uuid4().hex[:12]
+    aside = f"{final}.old-{tag}"
+    if os.path.exists(final):
+        os.replace(final, aside)  # still complete, and still found, under its .old- name
+    os.replace(tmp, final)  # the new checkpoint exists only once complete
+    if os.path.exists(aside):
+        shutil.rmtree(aside, ignore_errors=True)
+    if max_to_keep:
+        order = [p for p in _by_commit_order(directory) if p[1] != final] + [(0, final)]
+        for _, path in order[:-max_to_keep]:
+            _remove(path, tag)

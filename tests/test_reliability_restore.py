@@ -1,0 +1,179 @@
+"""Restores and imports that fail (issue #11 items 3, 9, 10): every mismatch is a one-line
+`ValueError` naming the table and the problem, and the live state still steps afterwards
+(no "Array has been deleted")."""
+
+import json
+import os
+import shutil
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from embark_jax.ops import optimizers as O
+from embark_jax.training import checkpoint as ckpt
+from tests.test_reliability import assert_tables_equal, copy, tables_of, tiny
+
+ADAGRAD = O.Adagrad(learning_rate=0.1)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """An Adagrad model after one step, saved: (runner, state, ds, directory)."""
+    runner, state, ds = tiny(ADAGRAD)
+    state, _ = runner.step(copy(state), ds.batch(0))
+    d = str(tmp_path_factory.mktemp("ck"))
+    ckpt.save(d, runner.setup, state)
+    return runner, state, ds, d
+
+
+def still_steps(runner, state, ds, before):
+    """The live state is unchanged and the next step runs on it (on a copy of it, which
+    fails just the same on a deleted buffer, so the module's fixture is never donated)."""
+    assert_tables_equal(tables_of(runner, state), before)
+    new, r = runner.step(copy(state), ds.batch(1))
+    assert np.isfinite(r.loss) and int(new.step) == int(state.step) + 1
+
+
+def copy_of(d, tmp_path):
+    out = str(tmp_path / "copy")
+    shutil.copytree(d, out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("opt", "dtype", "pattern"),
+    [
+        (
+            O.SGD(learning_rate=0.1),
+            None,
+            r"table 'a': checkpoint optimizer Adagrad, configured SGD",
+        ),
+        (
+            O.RowWiseAdagrad(learning_rate=0.1),
+            None,
+            r"table 'a': checkpoint optimizer Adagrad, configured RowWiseAdagrad",
+        ),
+        (
+            {"a": ADAGRAD, "b": O.Adam(learning_rate=0.1)},
+            None,
+            r"table 'b': checkpoint optimizer Adagrad, configured Adam",
+        ),
+        (ADAGRAD, ml_dtypes.bfloat16, r"table 'a': checkpoint dtype float32, configured bfloat16"),
+    ],
+    ids=["adagrad-into-sgd", "adagrad-into-rowwise", "later-table-adam", "f32-into-bf16"],
+)
+def test_restore_mismatch_is_a_clear_error_and_the_live_state_survives(saved, opt, dtype, pattern):
+    """Before: Adagrad -> SGD dropped the slots silently, f32 -> bf16 converted silently,
+    Adagrad -> row-wise Adagrad crashed with a bare TypeError/IndexError."""
+    _, _, ds, d = saved
+    runner, state, _ = tiny(opt, dtype=dtype or np.float32, seed=3)
+    before = tables_of(runner, state)
+    with pytest.raises(ValueError, match=pattern):
+        ckpt.restore(d, runner.setup)
+    still_steps(runner, state, ds, before)
+
+
+def test_a_model_with_one_table_fewer_or_another_name(saved):
+    """Before: failed on a dense-parameter shape, naming no table."""
+    _, _, ds, d = saved
+    runner, state, _ = tiny(ADAGRAD, names=("a", "c"))
+    with pytest.raises(ValueError, match=r"has tables \['b'\] that the model does not configure"):
+        ckpt.restore(d, runner.setup)
+    still_steps(runner, state, ds, tables_of(runner, state))
+
+
+def test_slot_shape_mismatch_on_the_later_table(saved, tmp_path):
+    """The metadata claims row-wise Adagrad for table 'b' but its files hold a [V, d]
+    accumulator: the restore stops at 'b' (after 'a' was read) and the live state lives."""
+    _, _, ds, d = saved
+    d = copy_of(d, tmp_path)
+    path = os.path.join(d, "step_00000001", "meta.json")
+    meta = json.load(open(path))
+    meta["tables"]["b"]["optimizer"] = "RowWiseAdagrad"
+    json.dump(meta, open(path, "w"))
+    runner, state, _ = tiny({"a": ADAGRAD, "b": O.RowWiseAdagrad(learning_rate=0.1)}, seed=4)
+    state, _ = runner.step(state, ds.batch(0))
+    before = tables_of(runner, state)
+    with pytest.raises(ValueError, match=r"table 'b': slot 'accumulator' has shape \(9, 4\)"):
+        ckpt.restore(d, runner.setup)
+    still_steps(runner, state, ds, before)
+
+
+def test_one_damaged_table_keeps_the_live_state(saved, tmp_path):
+    _, _, ds, d = saved
+    d = copy_of(d, tmp_path)
+    table_dir = os.path.join(d, "step_00000001", "tables", "b")
+    for root, _, files in os.walk(table_dir):
+        for f in files:
+            if root != table_dir:  # the data files, not the Orbax metadata
+                open(os.path.join(root, f), "wb").close()
+    runner, state, _ = tiny(ADAGRAD, seed=5)
+    state, _ = runner.step(state, ds.batch(0))
+    before = tables_of(runner, state)
+    with pytest.raises(ValueError, match=r"table 'b'"):
+        ckpt.restore(d, runner.setup)
+    still_steps(runner, state, ds, before)
+
+
+def test_a_table_directory_copied_from_another_step_is_detected(saved, tmp_path):
+    """Before: step 2 restored with table 'a' silently from step 1."""
+    runner, state, ds, d = saved
+    d = copy_of(d, tmp_path)
+    state2, _ = runner.step(copy(state), ds.batch(1))
+    ckpt.save(d, runner.setup, state2)
+    one, two = (os.path.join(d, f"step_0000000{i}", "tables", "a") for i in (1, 2))
+    shutil.rmtree(two)
+    shutil.copytree(one, two)
+    with pytest.raises(ValueError, match=r"table 'a': .* does not match the fingerprint .* 2"):
+        ckpt.restore(d, runner.setup)
+    still_steps(runner, state2, ds, tables_of(runner, state2))
+
+
+def _npz(tmp_path, **arrays):
+    path = str(tmp_path / "t.npz")
+    np.savez(path, **arrays)
+    return path
+
+
+GOOD = np.full((64, 4), 0.5, np.float32)
+BAD_IMPORTS = {
+    "nan": (dict(table=np.where(np.eye(64, 4) > 0, np.nan, GOOD)), r"'a': table holds NaN"),
+    "inf": (dict(table=np.where(np.eye(64, 4) > 0, -np.inf, GOOD)), r"'a': table holds NaN or inf"),
+    "f64-overflow": (
+        dict(table=np.full((64, 4), 1e39, np.float64)),
+        r"'a': table has values beyond the float32 range",
+    ),
+    "negative-accumulator": (
+        dict(table=GOOD, slot_accumulator=-np.ones((64, 4), np.float32)),
+        r"'a': slot 'accumulator' has negative values",
+    ),
+    "unknown-slot": (
+        dict(table=GOOD, slot_momentum=np.ones((64, 4), np.float32)),
+        r"'a': unknown slots \['momentum'\] for optimizer Adagrad",
+    ),
+    "slot-shape": (
+        dict(table=GOOD, slot_accumulator=np.ones((64,), np.float32)),
+        r"'a': slot 'accumulator' has shape \(64,\), expected \(64, 4\)",
+    ),
+    "strings": (dict(table=np.full((64, 4), "x")), r"'a': table has non-numeric dtype"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_IMPORTS))
+def test_import_table_rejects_bad_values_and_keeps_the_state(saved, tmp_path, case):
+    """Before: NaN, inf, float64 overflow, negative accumulators and unknown slots were
+    accepted; a wrong slot shape destroyed the live state."""
+    runner, state, ds, _ = saved
+    arrays, pattern = BAD_IMPORTS[case]
+    before = tables_of(runner, state)
+    with pytest.raises(ValueError, match=pattern):
+        ckpt.import_table(runner.setup, state, "a", _npz(tmp_path, **arrays))
+    still_steps(runner, state, ds, before)
+
+
+def test_import_table_accepts_float64_in_range(saved, tmp_path):
+    runner, state, _, _ = saved
+    path = _npz(tmp_path, table=GOOD.astype(np.float64))
+    new = ckpt.import_table(runner.setup, state, "a", path)
+    np.testing.assert_array_equal(tables_of(runner, new)["a"], GOOD)
