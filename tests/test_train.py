@@ -196,3 +196,30 @@ def test_bf16_check_catches_a_path_that_zeroes_half_the_columns(bf16_batch, monk
     monkeypatch.setattr(RuntimeOptions, "to_wire", broken)
     with pytest.raises(AssertionError, match="Mismatched elements"):
         _assert_bf16_close(_bf16_vs_f32(bf16_batch))
+
+
+def test_ids_outside_their_table_are_counted_and_dropped_in_training():
+    """A batch that skipped host validation: ids >= vocab are dropped on device and counted
+    per table as `invalid` in the step result; no row that no valid id looked up changes
+    (the neighbour-table case is in tests/test_bounds.py)."""
+    from embark_jax.data.batch import Batch
+    from embark_jax.data.sparse import SparseFeatures
+
+    runner, state = make_runner(mixed_plan(), opt=O.SGD(learning_rate=0.5))
+    runner.validate_inputs = False
+    setup = runner.setup
+    good = SyntheticDataset(CFG, batch_size=32, seed=2).batch(0)
+    ids = {k: np.array(v) for k, v in good.sparse.ids.items()}
+    ids["f_rw"][:5, 0] = 200 + np.arange(5)  # vocab 200: five ids out of range
+    bad = Batch(
+        SparseFeatures(ids=ids, lengths=good.sparse.lengths, weights=good.sparse.weights),
+        good.dense,
+        good.labels,
+    )
+    before = train_state.full_tables(setup, state)
+    state, r = runner.step(state, bad)
+    assert r.invalid == {"dp": 0, "rw": 5, "rc": 0, "ub": 0}
+    after = train_state.full_tables(setup, state)
+    touched = {i for i in np.asarray(ids["f_rw"]).reshape(-1) if 0 <= i < 200}
+    untouched = sorted(set(range(200)) - touched)
+    np.testing.assert_array_equal(after["rw"][untouched], before["rw"][untouched])

@@ -422,6 +422,7 @@ def run_train(args) -> int:
         "samples_per_s": summary.samples_per_s,
         "wall_s": time.perf_counter() - t0,
         "overflow": summary.overflow,
+        "invalid_ids": summary.invalid,
         "comm_bytes_per_step": runner.comm_bytes_per_step(state, ds.batch(0)),
         "predicted_step_ms": ev.step_s * 1e3,
         "losses": summary.losses,

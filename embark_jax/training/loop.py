@@ -58,6 +58,7 @@ class FitSummary:
     samples_per_s: float
     losses: list[float]
     overflow: dict[str, int]
+    invalid: dict[str, int]
 
 
 def fit(
@@ -76,6 +77,7 @@ def fit(
     with a transactional runner; None when the runner donated it)."""
     acc, losses = StreamingAUC(), []
     overflow = {t.name: 0 for t in runner.setup.plan.tables}
+    invalid = dict(overflow)
     t0 = first = time.perf_counter()
     for i in range(steps):
         position = start + i
@@ -98,6 +100,8 @@ def fit(
         acc.update(result.labels, result.probs)
         for k, v in result.overflow.items():
             overflow[k] += v
+        for k, v in result.invalid.items():
+            invalid[k] += v
         for cb in callbacks:
             cb.on_step_end(position, state, result)
     for cb in callbacks:
@@ -112,5 +116,6 @@ def fit(
         samples_per_s=max(steps - 1, 1) * dataset.batch_size / max(end - (first or t0), 1e-9),
         losses=losses,
         overflow=overflow,
+        invalid=invalid,
     )
     return state, summary

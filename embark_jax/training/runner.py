@@ -30,7 +30,12 @@ from embark_jax.core.options import OverflowPolicy
 from embark_jax.data.batch import Batch
 from embark_jax.sharding import hlo_bytes
 from embark_jax.sharding.capacity import grow_capacities
-from embark_jax.sharding.collection import CapacityOverflowError, check_overflow
+from embark_jax.sharding.checks import (
+    CapacityOverflowError,
+    InvalidIdError,
+    check_invalid,
+    check_overflow,
+)
 from embark_jax.training.metrics import StreamingAUC
 from embark_jax.training.state import TrainSetup, TrainState, with_plan
 from embark_jax.training.step import compile_eval_step, compile_train_step
@@ -46,12 +51,14 @@ class NonFiniteLossError(FloatingPointError):
 @dataclasses.dataclass(frozen=True)
 class StepResult:
     """What one step reports, on the host: mean loss, predicted probabilities and labels of
-    the global batch, ids dropped per table (overflow) and the step number reached."""
+    the global batch, per table the ids dropped by a full capacity (overflow) and the ids
+    outside the table dropped as padding (invalid), and the step number reached."""
 
     loss: float
     probs: np.ndarray
     labels: np.ndarray
     overflow: dict[str, int]
+    invalid: dict[str, int]
     step: int
 
 
@@ -127,18 +134,22 @@ class StepRunner:
             raise NonFiniteLossError(f"non-finite {what} at step {step} ({kept})")
         names = [t.name for t in self.setup.plan.tables]
         overflow = {n: int(v) for n, v in zip(names, np.asarray(out["overflow"]), strict=True)}
+        invalid = {n: int(v) for n, v in zip(names, np.asarray(out["invalid"]), strict=True)}
         policy = self.setup.options.overflow
         if policy is OverflowPolicy.ERROR:
             try:
+                check_invalid(invalid)
                 check_overflow(overflow)
-            except CapacityOverflowError as e:
-                raise CapacityOverflowError(f"{e} (at step {step}; {kept})") from None
+            except (CapacityOverflowError, InvalidIdError) as e:
+                raise type(e)(f"{e} (at step {step}; {kept})") from None
         elif policy is OverflowPolicy.GROW and any(overflow.values()):
             grown = [name for name, n in overflow.items() if n > 0]
-            plan = grow_capacities(self.setup.plan, grown, self.setup.options)
+            plan = grow_capacities(
+                self.setup.plan, grown, self.setup.options, config=self.setup.config
+            )
             self._compile(with_plan(self.setup, plan))
         probs = self._host(out["probs"])
-        return new, StepResult(loss, probs, np.asarray(batch.labels), overflow, step)
+        return new, StepResult(loss, probs, np.asarray(batch.labels), overflow, invalid, step)
 
     def evaluate(self, state: TrainState, batches: Iterable[Batch]) -> dict[str, float]:
         """AUC and log loss of the model over `batches` (no update)."""

@@ -52,15 +52,19 @@ def all_finite(*trees) -> jax.Array:
 
 
 def _lookup(setup: TrainSetup, state: TrainState, batch: Batch):
-    return lookup_fn(setup.lowered, setup.mesh, setup.options, state.tables, batch.sparse)
+    return lookup_fn(
+        setup.lowered, setup.mesh, setup.options, state.tables, batch.sparse, with_invalid=True
+    )
 
 
 def train_step(
     setup: TrainSetup, state: TrainState, batch: Batch
 ) -> tuple[TrainState, dict[str, Any]]:
     """One training step on a device batch; returns the new state and
-    `{"loss", "probs" [B], "overflow" [num_tables] (plan order), "finite" []}`."""
-    outputs, residuals, overflow = _lookup(setup, state, batch)
+    `{"loss", "probs" [B], "overflow", "invalid" ([num_tables] each, plan order),
+    "finite" []}`. Ids outside their table are dropped like padding and counted as
+    `invalid`."""
+    outputs, residuals, overflow, invalid = _lookup(setup, state, batch)
 
     def loss_fn(params, emb):
         logits = setup.dense_model(params)(batch.dense, emb)
@@ -86,13 +90,18 @@ def train_step(
         step=state.step + 1, dense_params=params, dense_opt=dense_opt, tables=tables, slots=slots
     )
     finite = all_finite(loss, new.dense_params, new.dense_opt, new.tables, new.slots)
-    metrics = {"loss": loss, "probs": jax.nn.sigmoid(logits), "overflow": overflow}
+    metrics = {
+        "loss": loss,
+        "probs": jax.nn.sigmoid(logits),
+        "overflow": overflow,
+        "invalid": invalid,
+    }
     return new, {**metrics, "finite": finite}
 
 
 def eval_step(setup: TrainSetup, state: TrainState, batch: Batch) -> jax.Array:
     """Predicted click probabilities `[B]` (no update)."""
-    outputs, _, _ = _lookup(setup, state, batch)
+    outputs = _lookup(setup, state, batch).outputs
     return jax.nn.sigmoid(setup.dense_model(state.dense_params)(batch.dense, outputs))
 
 
