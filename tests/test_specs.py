@@ -2,9 +2,12 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from embark_jax import Combiner, EmbeddingConfig, FeatureConfig, TableConfig
+from embark_jax.core.plan import Plan, TablePlan, Topology
+from embark_jax.sharding.lowering import lower
 
 
 def test_table_config_is_frozen_and_keyword_only():
@@ -74,3 +77,56 @@ def test_table_init_shape_dtype_and_range():
     w = t.init(jax.random.key(0))
     assert w.shape == (50, 16) and w.dtype == jnp.bfloat16
     assert float(jnp.abs(w.astype(jnp.float32)).max()) <= 0.25 + 1e-3
+
+
+def test_default_init_spreads_over_the_whole_range_and_shards_differ():
+    """The upper bound above passes for an all-zero table: check the spread too (issue 17
+    item 9). Uniform(+-1/sqrt(dim)): min and max near the bounds, std bound/sqrt(3), mean 0;
+    and every shard of a row- and column-sharded table draws its own values."""
+    dim, vocab = 16, 4096
+    bound = 1.0 / np.sqrt(dim)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        t = TableConfig(name="t", vocab_size=vocab, dim=dim, dtype=dtype)
+        w = np.asarray(t.init(jax.random.key(1)).astype(jnp.float32))
+        assert w.min() >= -bound - 1e-3 and w.max() <= bound + 1e-3
+        assert w.min() < -0.99 * bound and w.max() > 0.99 * bound
+        assert abs(w.std() - bound / np.sqrt(3)) < 0.01 * bound
+        assert abs(w.mean()) < 0.01 * bound
+        assert len(np.unique(w)) > (1000 if dtype == jnp.bfloat16 else 0.9 * w.size)
+
+    # one table in 2 row shards x 2 column slices on 4 devices, one more table-wise
+    config = EmbeddingConfig.create(
+        [
+            TableConfig(name="a", vocab_size=512, dim=8),
+            TableConfig(name="b", vocab_size=256, dim=4),
+        ],
+        [FeatureConfig(name="fa", table="a"), FeatureConfig(name="fb", table="b")],
+    )
+    plan = Plan(
+        topology=Topology(num_nodes=1, devices_per_node=4),
+        batch_size=4,
+        tables=(
+            TablePlan(
+                name="a", cluster="rb", row_shards=2, column_shards=2, devices=((0, 1), (2, 3))
+            ),
+            TablePlan(name="b", cluster="rb", row_shards=1, column_shards=1, devices=((3,),)),
+        ),
+    )
+    lowered = lower(plan, config, None)
+    mesh = plan.make_mesh()
+    bufs = {
+        g.name: np.asarray(lowered.init_buffer(g, jax.random.key(0), lowered.sharding(mesh)))
+        for g in lowered.groups
+    }
+    tables = lowered.unstack(bufs)
+    a, b = tables["a"], tables["b"]
+    # the shards of "a": row shard j holds the ids with id % 2 == j, slice k columns 4k..4k+3
+    shards = [a[j::2, 4 * k : 4 * (k + 1)] for k in range(2) for j in range(2)]
+    for s, bound in [*((s, 1 / np.sqrt(8)) for s in shards), (b, 1 / np.sqrt(4))]:
+        assert np.abs(s).max() <= bound + 1e-6  # the table's dim sets the range, not the slice's
+        assert s.std() > 0.9 * bound / np.sqrt(3) and np.abs(s).max() > 0.9 * bound
+    for i in range(len(shards)):
+        for j in range(i + 1, len(shards)):
+            assert not np.allclose(shards[i], shards[j]), (i, j)  # no key reused across shards
+    # nor across tables: the same key would give the same uniforms, so compare them unscaled
+    assert shards[0].shape == b.shape and not np.allclose(shards[0] * np.sqrt(8), b * 2)

@@ -73,12 +73,18 @@ def expected_slots(lowered: Lowered, name: str) -> dict[str, tuple[int, ...]]:
     return {k: tuple(shapes.get(k, ())) for k in fields}
 
 
+def _is_float(dtype: np.dtype) -> bool:
+    """numpy floats and the ml_dtypes floats JAX uses (bfloat16 is not a numpy subtype)."""
+    return np.issubdtype(dtype, np.floating) or jnp.issubdtype(dtype, jnp.floating)
+
+
 def _check_values(name: str, what: str, x: np.ndarray, dtype: np.dtype) -> None:
-    if not np.issubdtype(x.dtype, np.number):
+    numeric = _is_float(x.dtype) or np.issubdtype(x.dtype, np.number)
+    if not numeric:
         raise ValueError(f"table {name!r}: {what} has non-numeric dtype {x.dtype}")
-    if np.issubdtype(x.dtype, np.inexact) and not np.all(np.isfinite(x)):
+    if _is_float(x.dtype) and not np.all(np.isfinite(x.astype(np.float64))):
         raise ValueError(f"table {name!r}: {what} holds NaN or inf")
-    if np.issubdtype(dtype, np.floating) and x.size:
+    if _is_float(dtype) and x.size:
         limit = float(jnp.finfo(dtype).max)
         if float(np.max(np.abs(x.astype(np.float64)))) > limit:
             raise ValueError(f"table {name!r}: {what} has values beyond the {dtype} range")
