@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from experiments.kernels.main import main as kernels_main
 
 
@@ -9,8 +11,12 @@ def test_kernel_benchmark_quick(tmp_path):
     out = tmp_path / "k.json"
     result = kernels_main(["--quick", "--repeats", "1", "--out", str(out)])
     data = json.loads(out.read_text())
-    assert data["points"][0]["forward"]["speedup"] > 0
-    assert result["points"][0]["backward_update"]["bytes"] > 0
+    point = data["points"][0]  # B=256, hotness 4, D=16, fp32: FBGEMM's byte accounting
+    fwd = point["forward"]
+    assert fwd["bytes"] == 256 * 4 * 16 * 4 + 256 * 16 * 4  # rows read + pooled rows written
+    assert fwd["ffi_GBps"] == pytest.approx(fwd["bytes"] / fwd["ffi_s"] / 1e9)
+    assert fwd["speedup"] == pytest.approx(fwd["xla_s"] / fwd["ffi_s"])
+    assert result["points"][0]["backward_update"]["bytes"] > fwd["bytes"]
 
 
 def test_planner_experiment_quick(tmp_path):
