@@ -207,3 +207,23 @@ def test_validate_rejects_missing_misshapen_or_float_lengths(lengths, message):
     bad = SparseFeatures(ids=sf.ids, lengths=new, weights=sf.weights)
     with pytest.raises(ValueError, match=message):
         bad.validate(CFG)
+
+
+def test_mean_bag_with_a_non_positive_weight_sum_is_refused():
+    import pytest
+
+    from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
+
+    config = EmbeddingConfig.create(
+        [TableConfig(name="t", vocab_size=10, dim=4)],
+        [FeatureConfig(name="f", table="t", max_hotness=2, combiner="mean", weighted=True)],
+    )
+    ids = np.array([[1, 2], [3, -1]])
+    ok = SparseFeatures.from_dense(
+        {"f": ids}, {"f": np.array([[2.0, -1.0], [0.5, 9.0]])}, config=config
+    )
+    assert ok.batch_size == 2
+    with pytest.raises(ValueError, match=r"feature 'f': sample 1's weights sum to -0.5"):
+        SparseFeatures.from_dense(
+            {"f": ids}, {"f": np.array([[1.0, 1.0], [-0.5, 9.0]])}, config=config
+        )

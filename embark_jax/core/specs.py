@@ -87,7 +87,11 @@ class TableConfig:
       name: unique table name.
       vocab_size: number of rows V; valid ids are [0, V).
       dim: embedding dimension d (columns).
-      dtype: storage dtype, float32 (default) or bfloat16.
+      dtype: storage dtype, float32 (default) or bfloat16. A bfloat16 table keeps 8 bits of
+        mantissa: the optimizers compute in float32 but round each updated row back to
+        bfloat16 (round to nearest), so an update smaller than about 2^-9 of a weight is
+        lost (20 SGD steps of 1e-3 leave 1.0 unchanged). Use float32 tables when updates
+        are that small; stochastic rounding is not implemented.
       initializer: `init(key, shape, dtype)`; default uniform(+-1/sqrt(dim)). A sharded
         table calls it once per shard, with that shard's `(rows, width)` shape.
     """

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from embark_jax.core.specs import EmbeddingConfig
+from embark_jax.core.specs import Combiner, EmbeddingConfig
 
 __all__ = ["SparseFeatures"]
 
@@ -316,6 +316,21 @@ def _check_finite(name: str, w: np.ndarray, valid: np.ndarray) -> None:
         raise ValueError(f"feature {name!r}: weight {w[pos]} at position {pos} is not finite")
 
 
+def _check_mean_weights(name: str, combiner, w, valid: np.ndarray) -> None:
+    """A `mean` bag divides by the sum of its weights: a non-empty bag whose weights sum to
+    zero or less has no mean (the kernels would return 0), so it is refused here."""
+    if w is None or combiner is not Combiner.MEAN:
+        return
+    sums = np.where(valid, w, 0.0).sum(axis=1)
+    bad = valid.any(axis=1) & (sums <= 0)
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise ValueError(
+            f"feature {name!r}: sample {b}'s weights sum to {float(sums[b])}; a mean combiner "
+            "needs a positive weight sum for every non-empty bag"
+        )
+
+
 def _finish(name, packed, lengths, w, config):
     """Range/hotness checks and the final dtype and width of one feature."""
     valid = np.arange(packed.shape[1])[None, :] < lengths[:, None]
@@ -332,6 +347,7 @@ def _finish(name, packed, lengths, w, config):
                 f"feature {name!r}: sample {b} has {int(lengths[b])} ids, above max_hotness "
                 f"{fc.max_hotness}"
             )
+        _check_mean_weights(name, fc.combiner, w, valid)
         too_big = valid & (packed >= table.vocab_size)
         if too_big.any():
             pos = tuple(int(i) for i in np.argwhere(too_big)[0])
