@@ -53,6 +53,9 @@ def plans(tmp_path):
     d.mkdir()
     (d / "bad.json").write_text('{"format": "embark-plan/1", ')
     (d / "file.txt").write_text("x")
+    step = d / "used" / "step_00000004"  # another run's checkpoint (only what is listed)
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text('{"format": "embark-ckpt/2", "sequence": 1}')
     assert (
         main(["plan", "--model", "dcnv2-mini", "--nodes", "8", "--out", str(d / "p64.json")]) == 0
     )
@@ -74,6 +77,11 @@ IN_PROCESS = [
     (["train", "--plan", "{inputs}/missing.json"], "cannot read plan file"),
     (["train", "--plan", "{inputs}/bad.json"], "plan is not valid JSON"),
     (["train", "--checkpoint-dir", "{inputs}/file.txt/ckpt"], "--checkpoint-dir"),
+    (["train", "--save-every", "2"], "--save-every 2 needs --checkpoint-dir"),
+    (
+        ["train", "--checkpoint-dir", "{inputs}/used"],
+        "already holds checkpoints (latest step 4); add --resume",
+    ),
     (["train", "--log-dir", "{inputs}/file.txt"], "--log-dir"),
     (["train", "--out", "{inputs}/file.txt/m.json"], "--out"),
     (["plan", "--nodes", "0"], "--nodes: must be >= 1, got 0"),

@@ -272,6 +272,8 @@ def _build(args, config, plan):
         if args.dense_net == "mini"
         else DenseConfig(kind=args.model_kind)
     )
+    if args.model_kind == "dlrm":
+        dense = _dlrm_bottom(dense, config)
     if args.mixed_precision:
         dense = dataclasses.replace(dense, dtype="bfloat16")
     options = RuntimeOptions(
@@ -290,6 +292,19 @@ def _build(args, config, plan):
     return StepRunner(setup), state
 
 
+def _dlrm_bottom(dense, config):
+    """DLRM's dot interaction needs the bottom MLP's output dim to equal every embedding's
+    dim: the bottom MLP's last layer takes the tables' common dim (one error line if the
+    tables have several)."""
+    dims = sorted({t.dim for t in config.tables})
+    if len(dims) != 1:
+        raise CLIError(
+            f"--model-kind dlrm needs every table of one dim (its dot interaction); this "
+            f"model has dims {dims}: use --model-kind dcnv2"
+        )
+    return dataclasses.replace(dense, bottom=(*dense.bottom[:-1], dims[0]))
+
+
 def _maybe_resume(args, runner, state, say):
     """The restored state and data position, or the given ones when not resuming."""
     from embark_jax.training import checkpoint
@@ -299,7 +314,10 @@ def _maybe_resume(args, runner, state, say):
     if checkpoint.latest_step(args.checkpoint_dir) is None:
         say(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
         return state, 0
-    state, meta = checkpoint.restore(args.checkpoint_dir, runner.setup)
+    try:
+        state, meta = checkpoint.restore(args.checkpoint_dir, runner.setup)
+    except (ValueError, OSError) as e:  # a mismatch or a damaged checkpoint: one line
+        raise CLIError(f"--resume from {args.checkpoint_dir}: {e}") from None
     start = meta["data_position"]
     say(
         f"resumed from {meta['path']} (step {meta['step']}, saved with "
@@ -325,7 +343,7 @@ def _callbacks(args, runner, start, lead):
             saver = CheckpointEvery(
                 args.checkpoint_dir,
                 runner,
-                args.save_every or args.steps,
+                args.save_every,
                 start + args.steps,
                 async_save=args.async_checkpoint and jax.process_count() == 1,
             )

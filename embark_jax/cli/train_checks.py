@@ -14,6 +14,12 @@ def check_args(args, default_batch: int):
     from embark_jax.core.plan import Plan
 
     require(not args.resume or args.checkpoint_dir, "--resume needs --checkpoint-dir")
+    require(
+        not args.save_every or args.checkpoint_dir,
+        f"--save-every {args.save_every} needs --checkpoint-dir",
+    )
+    if args.checkpoint_dir and not args.resume:
+        _check_fresh_checkpoint_dir(args.checkpoint_dir)
     require(not (args.plan and args.baseline), "--plan and --baseline exclude each other")
     for path, flag in ((args.out, "--out"), (args.plan_out, "--plan-out")):
         if path:
@@ -32,6 +38,18 @@ def check_args(args, default_batch: int):
             f"that --plan {args.plan!r} was made for; leave --batch-size out or re-plan"
         )
     return plan_file
+
+
+def _check_fresh_checkpoint_dir(directory: str) -> None:
+    """A run that does not resume must not mix its checkpoints with another run's."""
+    from embark_jax.training.checkpoint_dir import latest_step
+
+    step = latest_step(directory)
+    if step is not None:
+        raise CLIError(
+            f"--checkpoint-dir {directory} already holds checkpoints (latest step {step}); "
+            "add --resume to continue that run, or choose an empty directory"
+        )
 
 
 def check_devices(args, g: int, plan_file) -> None:

@@ -19,7 +19,7 @@ def result_type(like: jax.Array, shape: tuple[int, ...], dtype) -> jax.ShapeDtyp
 
     Inside `shard_map` the result must carry the inputs' `manual_axis_type`; a plain
     `ShapeDtypeStruct` would mark it replicated and give silently wrong gradients
-    (DESIGN.md §7).
+    (docs/design.md §7).
     """
     aval = jax.typeof(like)
     mat = getattr(aval, "manual_axis_type", None)

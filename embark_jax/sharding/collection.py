@@ -3,7 +3,7 @@ core (`lookup`, `apply_gradients`) that runs each cluster under `jax.shard_map`.
 
 Inputs are the global batch as `SparseFeatures` (sharded over the mesh by sample); outputs
 are per-feature `[B, dim]` (pooled) or `[B, max_hotness, dim]` (`none`) arrays sharded the
-same way. Training is two-phase (docs/design.md §8): `lookup` also returns routing residuals, the
+same way. Training is two-phase (docs/design.md §3): `lookup` also returns routing residuals, the
 dense model produces gradients for the outputs, and `apply_gradients` routes them to the
 owners and applies the fused sparse optimizer. Plain `jax.grad` through `lookup_fn` works too.
 """

@@ -327,7 +327,8 @@ def restore(
 
 
 class CheckpointEvery(CallbackBase):
-    """Saves a checkpoint every `every` steps and after the last one (asynchronously with
+    """Saves a checkpoint every `every` steps (0: only after the last one) and after the last
+    one (asynchronously with
     `async_save`: one save in flight at a time). `last_saved` is the newest complete save.
     Construction checks that `directory` is writable (`PermissionError` otherwise)."""
 
@@ -348,7 +349,8 @@ class CheckpointEvery(CallbackBase):
 
     def on_step_end(self, step, state, result):
         position = step + 1
-        if position % self.every and position != self.last_step:
+        periodic = self.every > 0 and position % self.every == 0
+        if not periodic and position != self.last_step:
             return
         self._settle()
         setup = self.runner.setup

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from embark_jax.sharding.collection import CapacityOverflowError
+from embark_jax.sharding.checks import CapacityOverflowError, InvalidIdError
 from embark_jax.training.metrics import StreamingAUC
 from embark_jax.training.runner import NonFiniteLossError, StepResult, StepRunner
 from embark_jax.training.state import TrainState
@@ -72,7 +72,7 @@ def fit(
 ) -> tuple[TrainState, FitSummary]:
     """Trains `steps` steps on `dataset.batch(start + i)`; returns the final state and a
     summary. A NaN/inf loss or state raises `NonFiniteLossError` naming the step and the
-    last checkpoint saved. When a step fails a check (that error, or `CapacityOverflowError`
+    last checkpoint saved. When a step fails a check (that error, `CapacityOverflowError` or `InvalidIdError`
     under `overflow="error"`), the exception's `state` is the state before that step (usable
     with a transactional runner; None when the runner donated it)."""
     acc, losses = StreamingAUC(), []
@@ -91,7 +91,7 @@ def fit(
             err = NonFiniteLossError(f"{e}; last good checkpoint: {last or 'none saved'}")
             err.state = state if runner.transactional else None
             raise err from e
-        except CapacityOverflowError as e:
+        except (CapacityOverflowError, InvalidIdError) as e:
             e.state = state if runner.transactional else None
             raise
         if i == 0:
