@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
     p.add_argument("--out", default=None, help="write the metrics JSON here (default: none)")
     add("info", "print the native build and the registered FFI targets as JSON")
-    train_cli.add_train_args(add("train", "the main job: train a DLRM on synthetic Zipf data"))
+    train_cli.add_train_args(
+        add("train", "the main job: train a DLRM (synthetic Zipf or Criteo data)")
+    )
     lp = add("launch", "run a command in several local processes (jax.distributed, gloo)")
     lp.add_argument("--nproc", type=positive_int, default=2, help="processes to start")
     lp.add_argument(

@@ -4,159 +4,20 @@ when there is no accelerator, with the planner's plan."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import sys
 import time
 
-from embark_jax.cli.errors import (
-    CLIError,
-    model_name,
-    models_help,
-    nonneg_int,
-    positive_float,
-    positive_int,
-    topology_name,
+from embark_jax.cli.errors import CLIError
+from embark_jax.cli.train_args import (  # noqa: F401  (re-exported for the CLI front)
+    DEFAULT_BATCH,
+    OPTIMIZERS,
+    add_train_args,
+    data_source,
 )
 from embark_jax.cli.train_checks import check_args, check_devices
-
-OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
-DEFAULT_BATCH = 1024
-
-
-def add_train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=model_name, default="dcnv2-mini", help=models_help())
-    p.add_argument(
-        "--plan",
-        default=None,
-        help="plan JSON file from `plan --out` (default: the planner's plan for this run)",
-    )
-    p.add_argument(
-        "--baseline",
-        default=None,
-        choices=("tw", "rw", "trw", "dp"),
-        help="use a baseline plan instead of the planner's (default: the planner's plan)",
-    )
-    p.add_argument(
-        "--plan-out", default=None, help="write the plan used as JSON here (default: not written)"
-    )
-    p.add_argument(
-        "--data",
-        type=data_source,
-        default="synthetic",
-        help="training data: synthetic (Zipf ids), criteo-tsv:PATH (Kaggle/Terabyte TSV "
-        "file) or criteo-multihot:DIR (MLPerf DLRMv2 day_X_{labels,dense}.npy + "
-        "day_X_sparse_multi_hot.npz); Criteo needs a 26-table preset (default: synthetic)",
-    )
-    p.add_argument("--steps", type=positive_int, default=200, help="training steps")
-    p.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=None,
-        help="global batch, a multiple of the devices (default: the --plan file's batch, "
-        f"else {DEFAULT_BATCH})",
-    )
-    _add_model_args(p)
-    _add_output_args(p)
-
-
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--optimizer", default="adagrad", choices=OPTIMIZERS, help="sparse optimizer")
-    p.add_argument("--lr", type=positive_float, default=0.05, help="sparse learning rate")
-    p.add_argument("--dense-lr", type=positive_float, default=1e-3, help="dense Adam rate")
-    p.add_argument("--dense-net", default="mini", choices=("mini", "paper"), help="MLP sizes")
-    p.add_argument("--model-kind", default="dcnv2", choices=("dcnv2", "dlrm"), help="dense model")
-    p.add_argument(
-        "--mixed-precision",
-        action="store_true",
-        help="bf16 activations and bf16 embedding communication (tables stay fp32)",
-    )
-    p.add_argument("--nodes", type=positive_int, default=1, help="mesh nodes (2-D mesh if > 1)")
-    p.add_argument(
-        "--devices", type=positive_int, default=8, help="fake CPU devices when there is no GPU"
-    )
-    p.add_argument(
-        "--topology",
-        type=topology_name,
-        default=None,
-        help="hardware the planner prices (default: local on CPU, h200 on GPU)",
-    )
-    p.add_argument(
-        "--max-hotness",
-        type=positive_int,
-        default=None,
-        help="cap every feature's hotness (default: no cap)",
-    )
-    p.add_argument(
-        "--max-vocab",
-        type=positive_int,
-        default=None,
-        help="cap every table's vocabulary (default: no cap)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
-    p.add_argument("--eval-batches", type=positive_int, default=4, help="held-out batches")
-    p.add_argument("--log-every", type=positive_int, default=10, help="steps per progress line")
-
-
-def _add_output_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="results/train_metrics.json", help="metrics JSON")
-    p.add_argument(
-        "--log-dir",
-        default=None,
-        help="write per-step metrics here: metrics.jsonl (JSON lines) and a TensorBoard "
-        "event file (`tensorboard --logdir DIR`) (default: none)",
-    )
-    p.add_argument(
-        "--checkpoint-dir", default=None, help="save Orbax checkpoints here (default: none)"
-    )
-    p.add_argument(
-        "--save-every",
-        type=nonneg_int,
-        default=0,
-        help="steps between checkpoints (0: only at the end when --checkpoint-dir is set)",
-    )
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="restore the newest checkpoint in --checkpoint-dir (any plan or "
-        "device count) and continue from its data position",
-    )
-    p.add_argument(
-        "--overflow-policy",
-        default="count",
-        choices=("count", "error", "grow"),
-        help="what ids beyond a routing buffer's capacity do: counted, an error, or the "
-        "buffers grow",
-    )
-    # fault injection for the multi-process tests: process P exits (code 3) before batch S
-    p.add_argument("--debug-exit-at", default=None, metavar="P:S", help=argparse.SUPPRESS)
-    p.add_argument(
-        "--async-checkpoint",
-        action="store_true",
-        help="write checkpoints in the background (single process)",
-    )
-
-
-DATA_KINDS = ("synthetic", "criteo-tsv", "criteo-multihot")
-
-
-def data_source(text: str) -> str:
-    """`synthetic`, `criteo-tsv:PATH` (an existing file) or `criteo-multihot:DIR` (an
-    existing directory)."""
-    kind, sep, path = text.partition(":")
-    if kind == "synthetic" and not sep:
-        return text
-    if kind not in DATA_KINDS[1:] or not path:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not synthetic, criteo-tsv:PATH or criteo-multihot:DIR"
-        )
-    if kind == "criteo-tsv" and not os.path.isfile(path):
-        raise argparse.ArgumentTypeError(f"{kind}: {path!r} is not a file")
-    if kind == "criteo-multihot" and not os.path.isdir(path):
-        raise argparse.ArgumentTypeError(f"{kind}: {path!r} is not a directory")
-    return text
 
 
 def _datasets(args, config, say):
