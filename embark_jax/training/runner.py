@@ -122,19 +122,28 @@ class StepRunner:
         if self.validate_inputs:
             self.check_batch(batch)
         new, out = self._step(state, self.put_batch(batch))
-        loss = float(out["loss"])
-        step = int(new.step)
+        # one host transfer for every replicated scalar the checks need
+        host = jax.device_get(
+            {
+                "loss": out["loss"],
+                "finite": out["finite"],
+                "step": new.step,
+                "overflow": out["overflow"],
+                "invalid": out["invalid"],
+            }
+        )
+        loss, step = float(host["loss"]), int(host["step"])
         kept = (
             "the step was not applied; the state passed in is unchanged"
             if self.transactional
             else "the state passed in was donated and is lost; restore a checkpoint"
         )
-        if not math.isfinite(loss) or not bool(out["finite"]):
+        if not math.isfinite(loss) or not bool(host["finite"]):
             what = f"loss {loss}" if not math.isfinite(loss) else "state after the update"
             raise NonFiniteLossError(f"non-finite {what} at step {step} ({kept})")
         names = [t.name for t in self.setup.plan.tables]
-        overflow = {n: int(v) for n, v in zip(names, np.asarray(out["overflow"]), strict=True)}
-        invalid = {n: int(v) for n, v in zip(names, np.asarray(out["invalid"]), strict=True)}
+        overflow = {n: int(v) for n, v in zip(names, host["overflow"], strict=True)}
+        invalid = {n: int(v) for n, v in zip(names, host["invalid"], strict=True)}
         policy = self.setup.options.overflow
         if policy is OverflowPolicy.ERROR:
             try:
