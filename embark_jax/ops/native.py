@@ -19,13 +19,24 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
 import threading
 
 import jax
 import jaxlib
 
-__all__ = ["NativeBuildError", "build_info", "ensure_registered", "registered_targets"]
+__all__ = [
+    "NativeBuildError",
+    "build_info",
+    "cpu_isa",
+    "cpu_threads",
+    "ensure_registered",
+    "registered_targets",
+    "set_cpu_isa",
+]
+
+CPU_ISAS = ("scalar", "avx2", "avx512")
 
 # platform -> target names registered there; a platform appears once all its targets are in.
 _REGISTERED: dict[str, set[str]] = {}
@@ -105,7 +116,10 @@ def ensure_registered() -> None:
             return
         info = _load_build_info()
         _check_ffi_version(info.JAXLIB_VERSION)
+        _check_cpu_env()
         _register("embark_jax._ffi_cpu", "cpu")
+        if (isa := os.environ.get("EMBARK_CPU_ISA", "").strip().lower()) not in ("", "auto"):
+            importlib.import_module("embark_jax._ffi_cpu").set_cpu_isa(isa)  # lock held
         if info.CUDA_BUILT and _cuda_plugin_installed():
             _register("embark_jax._ffi_cuda", "CUDA")
         _registered_all = True
@@ -126,4 +140,55 @@ def build_info() -> dict[str, object]:
         "cuda_built": bool(info.CUDA_BUILT),
         "cuda_architectures": info.CUDA_ARCHITECTURES,
         "registered": registered_targets(),
+        "cpu_isa": cpu_isa(),
+        "cpu_threads": cpu_threads(),
     }
+
+
+def _check_cpu_env() -> None:
+    """The CPU kernels' environment switches, checked before the kernels read them."""
+    isa = os.environ.get("EMBARK_CPU_ISA", "").strip().lower()
+    if isa not in ("", "auto", *CPU_ISAS):
+        raise ValueError(
+            f"EMBARK_CPU_ISA={os.environ['EMBARK_CPU_ISA']!r}: expected auto, "
+            + ", ".join(CPU_ISAS)
+        )
+    threads = os.environ.get("EMBARK_CPU_THREADS", "").strip()
+    if threads and not (threads.isdigit() and int(threads) >= 1):
+        raise ValueError(
+            f"EMBARK_CPU_THREADS={os.environ['EMBARK_CPU_THREADS']!r}: expected a positive integer"
+        )
+
+
+def _cpu_module():
+    ensure_registered()
+    return importlib.import_module("embark_jax._ffi_cpu")
+
+
+def cpu_isa() -> dict[str, str]:
+    """The SIMD instruction set of the CPU kernels: `{"active": ..., "best": ...}`, each one of
+    `scalar`, `avx2`, `avx512` (docs/design.md §7)."""
+    m = _cpu_module()
+    return {"active": m.cpu_isa(), "best": m.best_cpu_isa()}
+
+
+def set_cpu_isa(name: str) -> str:
+    """Makes the CPU kernels use instruction set `name` (`auto` = the best this CPU supports)
+    from their next call on, and returns the previous one. Compiled programs need no retrace:
+    the kernels choose at each call. `EMBARK_CPU_ISA` does the same for a whole process.
+    Raises ValueError for an unknown name or one this CPU does not support."""
+    m = _cpu_module()
+    previous = m.cpu_isa()
+    key = str(name).strip().lower()
+    if key == "auto":
+        key = m.best_cpu_isa()
+    if key not in CPU_ISAS:
+        raise ValueError(f"cpu isa must be auto or one of {', '.join(CPU_ISAS)}; got {name!r}")
+    m.set_cpu_isa(key)
+    return previous
+
+
+def cpu_threads() -> int:
+    """Threads each CPU kernel runs on, its caller included: the CPUs this process may use, or
+    `EMBARK_CPU_THREADS` (docs/design.md §7)."""
+    return int(_cpu_module().cpu_threads())

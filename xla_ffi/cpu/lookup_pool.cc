@@ -5,12 +5,18 @@
 //
 // Padding ids (< 0 or >= V) and segment ids outside [0, S) contribute nothing; empty bags are
 // zero. Segment ids sorted ascending (the SparseFeatures layout) take the fast path: each
-// worker pools a contiguous range of segments and prefetches rows ahead. Unsorted segment ids
-// fall back to workers that own a segment range and scan all ids.
+// worker pools a contiguous range of bags with SIMD accumulators held in registers (the
+// loops of pool_body.inc, compiled for AVX-512, AVX2 and portable C++, chosen at run time by
+// cpu_isa.h) and prefetches the rows of the ids ahead. Unsorted segment ids fall back to
+// workers that own a segment range and scan all ids.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "cpu_isa.h"
+#include "cpu_simd.h"
 #include "embark_abi.h"
 #include "embark_dispatch.h"
 #include "embark_ffi.h"
@@ -18,118 +24,136 @@
 #include "kernels.h"
 
 namespace embark {
+
+// The operands of one call, shared by every instruction set's copy of pool_body.inc.
+template <typename T, typename Id>
+struct Src {
+  const T* table;
+  int64_t vocab, d;
+  const Id* ids;
+  const float* w;  // [N]
+};
+
+namespace pool_scalar {
+using Vec = ScalarVec;
+#include "pool_body.inc"
+}  // namespace pool_scalar
+
+#if EMBARK_HAVE_X86_SIMD
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace pool_avx2 {
+using Vec = Avx2Vec;
+#include "pool_body.inc"
+}  // namespace pool_avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+namespace pool_avx512 {
+using Vec = Avx512Vec;
+#include "pool_body.inc"
+}  // namespace pool_avx512
+#pragma GCC pop_options
+#endif
+
 namespace {
 
 using abi::Combiner;
-constexpr int64_t kPrefetchDistance = 8;
-
-template <typename T, typename O>
-struct Pool {
-  const T* table;
-  int64_t vocab, d;
-  const ffi::AnyBuffer* ids;
-  const ffi::AnyBuffer* seg;
-  const float* w;
-  O* out;
-  Combiner combiner;
-
-  inline int64_t Id(int64_t i) const {
-    int64_t x = LoadId(*ids, i);
-    return (x >= 0 && x < vocab) ? x : -1;
-  }
-
-  inline void Accumulate(float* acc, int64_t id, float wi) const {
-    const T* row = table + id * d;
-    for (int64_t j = 0; j < d; ++j) acc[j] += wi * Elem<T>::Load(row, j);
-  }
-
-  inline void Emit(float* acc, int64_t s, float denom) const {
-    float scale = 1.0f;
-    if (combiner == Combiner::MEAN) scale = denom > 0 ? 1.0f / denom : 0.0f;
-    if (combiner == Combiner::SQRTN) scale = denom > 0 ? 1.0f / std::sqrt(denom) : 0.0f;
-    O* o = out + s * d;
-    for (int64_t j = 0; j < d; ++j) Elem<O>::Store(o, j, acc[j] * scale);
-  }
-
-  inline float DenomTerm(float wi) const { return combiner == Combiner::SQRTN ? wi * wi : wi; }
-
-  // Segments [s0, s1) whose ids occupy positions [lo, hi) in sorted order.
-  void Sorted(int64_t s0, int64_t s1, int64_t lo, int64_t hi) const {
-    std::vector<float> acc(d);
-    int64_t i = lo;
-    for (int64_t s = s0; s < s1; ++s) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      float denom = 0.0f;
-      for (; i < hi && LoadId(*seg, i) == s; ++i) {
-        if (i + kPrefetchDistance < hi) {
-          int64_t nx = Id(i + kPrefetchDistance);
-          if (nx >= 0) Prefetch(table + nx * d);
-        }
-        int64_t id = Id(i);
-        if (id < 0) continue;
-        Accumulate(acc.data(), id, w[i]);
-        denom += DenomTerm(w[i]);
-      }
-      Emit(acc.data(), s, denom);
-    }
-  }
-
-  void Unsorted(int64_t s0, int64_t s1, int64_t n) const {
-    std::vector<float> acc((s1 - s0) * d, 0.0f);
-    std::vector<float> denom(s1 - s0, 0.0f);
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t s = LoadId(*seg, i);
-      if (s < s0 || s >= s1) continue;
-      int64_t id = Id(i);
-      if (id < 0) continue;
-      Accumulate(acc.data() + (s - s0) * d, id, w[i]);
-      denom[s - s0] += DenomTerm(w[i]);
-    }
-    for (int64_t s = s0; s < s1; ++s) Emit(acc.data() + (s - s0) * d, s, denom[s - s0]);
-  }
-
-  void Rows(int64_t i0, int64_t i1) const {
-    for (int64_t i = i0; i < i1; ++i) {
-      if (i + kPrefetchDistance < i1) {
-        int64_t nx = Id(i + kPrefetchDistance);
-        if (nx >= 0) Prefetch(table + nx * d);
-      }
-      int64_t id = Id(i);
-      O* o = out + i * d;
-      if (id < 0) {
-        for (int64_t j = 0; j < d; ++j) Elem<O>::Store(o, j, 0.0f);
-        continue;
-      }
-      const T* row = table + id * d;
-      for (int64_t j = 0; j < d; ++j) Elem<O>::Store(o, j, w[i] * Elem<T>::Load(row, j));
-    }
-  }
+template <typename T, typename Id, typename S, typename O>
+struct PoolFns {
+  void (*sorted)(const Src<T, Id>&, const S*, Combiner, O*, int64_t, int64_t,
+                 int64_t, int64_t);
+  void (*rows)(const Src<T, Id>&, O*, int64_t, int64_t);
 };
 
-int64_t LowerBound(const ffi::AnyBuffer& seg, int64_t n, int64_t value) {
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    int64_t mid = (lo + hi) / 2;
-    if (LoadId(seg, mid) < value) lo = mid + 1; else hi = mid;
+template <typename T, typename Id, typename S, typename O>
+PoolFns<T, Id, S, O> SelectPool(CpuIsa isa) {
+#if EMBARK_HAVE_X86_SIMD
+  if (isa == CpuIsa::AVX512) {
+    return {&pool_avx512::PoolSorted<T, Id, S, O>, &pool_avx512::PoolRows<T, Id, O>};
   }
-  return lo;
+  if (isa == CpuIsa::AVX2) {
+    return {&pool_avx2::PoolSorted<T, Id, S, O>, &pool_avx2::PoolRows<T, Id, O>};
+  }
+#endif
+  (void)isa;
+  return {&pool_scalar::PoolSorted<T, Id, S, O>, &pool_scalar::PoolRows<T, Id, O>};
 }
 
-template <typename T, typename O>
-void Run(ffi::ThreadPool& pool, const Pool<T, O>& p, int64_t n, int64_t num_out) {
-  if (p.combiner == Combiner::NONE) {
-    ParallelFor(pool, n, 512, [&p](int64_t a, int64_t b) { p.Rows(a, b); });
+template <typename S>
+int64_t LowerBound(const S* seg, int64_t n, int64_t value) {
+  return std::lower_bound(seg, seg + n, value,
+                          [](S a, int64_t v) { return static_cast<int64_t>(a) < v; }) -
+         seg;
+}
+
+// Unsorted segment ids: each worker owns bags [s0, s1) and scans every id.
+template <typename T, typename Id, typename S, typename O>
+void PoolUnsorted(const Src<T, Id>& s, const S* seg, Combiner combiner, O* out, int64_t s0,
+                  int64_t s1, int64_t n) {
+  const int64_t d = s.d;
+  std::vector<float> acc((s1 - s0) * d, 0.0f), denom(s1 - s0, 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t b = static_cast<int64_t>(seg[i]);
+    const T* row = pool_scalar::RowOf(s, i);
+    if (b < s0 || b >= s1 || row == nullptr) continue;
+    float* a = acc.data() + (b - s0) * d;
+    for (int64_t j = 0; j < d; ++j) a[j] += s.w[i] * Elem<T>::Load(row, j);
+    denom[b - s0] += combiner == Combiner::SQRTN ? s.w[i] * s.w[i] : s.w[i];
+  }
+  for (int64_t b = s0; b < s1; ++b) {
+    float scale = 1.0f, dn = denom[b - s0];
+    if (combiner == Combiner::MEAN) scale = dn > 0 ? 1.0f / dn : 0.0f;
+    if (combiner == Combiner::SQRTN) scale = dn > 0 ? 1.0f / std::sqrt(dn) : 0.0f;
+    for (int64_t j = 0; j < d; ++j) Elem<O>::Store(out + b * d, j, acc[(b - s0) * d + j] * scale);
+  }
+}
+
+// True if seg[p0 - 1 .. p1) is ascending (from position max(p0, 1)).
+template <typename S>
+bool AscendingRange(const S* seg, int64_t p0, int64_t p1) {
+  bool ok = true;
+  for (int64_t i = p0 > 1 ? p0 : 1; i < p1; ++i) ok &= seg[i - 1] <= seg[i];
+  return ok;
+}
+
+// Pooled combiners. With the sorted hint, the order check runs inside the parallel pass (each
+// chunk checks its proportional share of positions, so together they check every adjacent
+// pair); a chunk pooling unsorted ids still reads and writes only in bounds, and any unsorted
+// pair sends the whole call through the unsorted path, which rewrites every output row.
+// Without the hint, the check runs first, serially, so unsorted ids are pooled once.
+template <typename T, typename Id, typename S, typename O>
+void RunPooled(ffi::ThreadPool& pool, const PoolFns<T, Id, S, O>& fns, const Src<T, Id>& s,
+               const S* seg, Combiner combiner, O* out, int64_t n, int64_t num_out,
+               bool sorted_hint) {
+  bool sorted = sorted_hint || AscendingRange(seg, 0, n);
+  if (sorted) {
+    std::atomic<bool> unsorted{false};
+    ParallelFor(pool, num_out, 32, [&](int64_t s0, int64_t s1) {
+      if (sorted_hint && !AscendingRange(seg, s0 * n / num_out, s1 * n / num_out)) {
+        unsorted.store(true);
+      }
+      fns.sorted(s, seg, combiner, out, s0, s1, LowerBound(seg, n, s0), LowerBound(seg, n, s1));
+    });
+    sorted = !unsorted.load();
+  }
+  if (!sorted) {
+    ParallelFor(pool, num_out, 256, [&](int64_t s0, int64_t s1) {
+      PoolUnsorted(s, seg, combiner, out, s0, s1, n);
+    });
+  }
+}
+
+template <typename T, typename Id, typename S, typename O>
+void Run(ffi::ThreadPool& pool, const Src<T, Id>& s, const S* seg, Combiner combiner, O* out,
+         int64_t n, int64_t num_out, bool sorted_hint) {
+  const PoolFns<T, Id, S, O> fns = SelectPool<T, Id, S, O>(ActiveCpuIsa());
+  if (combiner == Combiner::NONE) {
+    ParallelFor(pool, n, 256, [&](int64_t a, int64_t b) { fns.rows(s, out, a, b); });
     return;
   }
-  bool sorted = true;
-  for (int64_t i = 1; i < n && sorted; ++i) sorted = LoadId(*p.seg, i - 1) <= LoadId(*p.seg, i);
-  if (sorted) {
-    ParallelFor(pool, num_out, 64, [&p, n](int64_t s0, int64_t s1) {
-      p.Sorted(s0, s1, LowerBound(*p.seg, n, s0), LowerBound(*p.seg, n, s1));
-    });
-  } else {
-    ParallelFor(pool, num_out, 256, [&p, n](int64_t s0, int64_t s1) { p.Unsorted(s0, s1, n); });
-  }
+  RunPooled(pool, fns, s, seg, combiner, out, n, num_out, sorted_hint);
 }
 
 ffi::Error LookupPoolImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBuffer ids,
@@ -137,21 +161,29 @@ ffi::Error LookupPoolImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBu
                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
                           int64_t combiner, int64_t indices_are_sorted) {
   // The workspace is the CUDA kernel's (same target signature); the CPU needs none.
-  // indices_are_sorted is only a hint here: sortedness is checked in O(N) anyway.
+  // indices_are_sorted is a hint: the order is checked either way (RunPooled).
   (void)workspace;
-  (void)indices_are_sorted;
   const int64_t n = static_cast<int64_t>(ids.element_count());
   ffi::Error err = CheckLookupPool(table, ids, seg, weights, *out, combiner);
   if (err.failure()) return err;
   const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];
+  const int64_t num_out = out->dimensions()[0];
+  const float* w = static_cast<const float*>(weights.untyped_data());
+  const auto c = static_cast<Combiner>(combiner);
   return DispatchFloat<HostBf16>("lookup_pool", "table", table.element_type(), [&](auto t) {
     return DispatchFloat<HostBf16>("lookup_pool", "output", out->element_type(), [&](auto o) {
-      using T = EMBARK_TYPE(t);
-      using O = EMBARK_TYPE(o);
-      Pool<T, O> p{static_cast<const T*>(table.untyped_data()), vocab, d, &ids, &seg,
-                   static_cast<const float*>(weights.untyped_data()),
-                   static_cast<O*>(out->untyped_data()), static_cast<Combiner>(combiner)};
-      Run(pool, p, n, out->dimensions()[0]);
+      return DispatchId("lookup_pool", "ids", ids.element_type(), [&](auto i) {
+        return DispatchId("lookup_pool", "segment_ids", seg.element_type(), [&](auto sg) {
+          using T = EMBARK_TYPE(t);
+          using O = EMBARK_TYPE(o);
+          using Id = EMBARK_TYPE(i);
+          using S = EMBARK_TYPE(sg);
+          const Src<T, Id> src{static_cast<const T*>(table.untyped_data()), vocab, d,
+                               static_cast<const Id*>(ids.untyped_data()), w};
+          Run(pool, src, static_cast<const S*>(seg.untyped_data()), c,
+              static_cast<O*>(out->untyped_data()), n, num_out, indices_are_sorted != 0);
+        });
+      });
     });
   });
 }

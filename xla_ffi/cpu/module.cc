@@ -4,6 +4,10 @@
 // targets Python calls.
 #include <pybind11/pybind11.h>
 
+#include <string>
+
+#include "cpu_isa.h"
+#include "embark_ffi.h"
 #include "kernels.h"
 
 namespace py = pybind11;
@@ -13,6 +17,17 @@ namespace {
 template <typename T>
 py::capsule Capsule(T* fn) {
   return py::capsule(reinterpret_cast<void*>(fn));
+}
+
+constexpr embark::CpuIsa kIsas[] = {embark::CpuIsa::SCALAR, embark::CpuIsa::AVX2,
+                                    embark::CpuIsa::AVX512};
+
+// The instruction set named `name` ("scalar", "avx2", "avx512"); ValueError otherwise.
+embark::CpuIsa ParseIsa(const std::string& name) {
+  for (embark::CpuIsa isa : kIsas) {
+    if (name == embark::CpuIsaName(isa)) return isa;
+  }
+  throw py::value_error("cpu isa must be one of scalar, avx2, avx512; got '" + name + "'");
 }
 
 }  // namespace
@@ -27,4 +42,20 @@ PYBIND11_MODULE(_ffi_cpu, m) {
 #undef EMBARK_REGISTER_CPU
     return d;
   });
+  m.def("cpu_isa", []() { return std::string(embark::CpuIsaName(embark::ActiveCpuIsa())); },
+        "The SIMD instruction set the CPU kernels use now.");
+  m.def("best_cpu_isa", []() { return std::string(embark::CpuIsaName(embark::BestCpuIsa())); },
+        "The best SIMD instruction set this CPU and OS support.");
+  m.def(
+      "set_cpu_isa",
+      [](const std::string& name) {
+        const embark::CpuIsa isa = ParseIsa(name);
+        if (!embark::SetCpuIsa(isa)) {
+          throw py::value_error("cpu isa '" + name + "' is not supported by this CPU (best: " +
+                                embark::CpuIsaName(embark::BestCpuIsa()) + ")");
+        }
+      },
+      "Uses the named instruction set (at most the best supported) from the next call on.");
+  m.def("cpu_threads", []() { return embark::CpuPoolThreads(); },
+        "Threads a CPU kernel runs on (its caller included); starts the worker pool.");
 }

@@ -63,48 +63,38 @@ inline ffi::Error InvalidArgument(const std::string& msg) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, "embark_jax: " + msg);
 }
 
-// Runs fn(begin, end) over [0, n) in chunks on XLA's intra-op thread pool. The calling thread
-// takes chunks too, so the call completes even if no pool thread ever runs (no deadlock when
-// XLA itself runs us on a pool thread). State is shared-owned: a task scheduled late finds no
-// chunk left and only touches the shared state, never the caller's stack.
+// The CPU kernels' worker pool (cpu/cpu_pool.cc; the CUDA module neither uses nor links it):
+// the number of threads a job runs on (the caller included), and a call of fn(ctx, c) for
+// every chunk c in [0, chunks) on them, returning when all are done.
+int64_t CpuPoolThreads();
+void CpuPoolRun(int64_t chunks, void (*fn)(void*, int64_t), void* ctx);
+
+// Runs fn(begin, end) over [0, n) in chunks of at least min_chunk on the CPU worker pool
+// (cpu_pool.cc explains why not XLA's intra-op pool, which `pool` is; it is kept in the
+// signature as the handlers' context). The calling thread takes chunks too.
 template <typename Fn>
 void ParallelFor(ffi::ThreadPool& pool, int64_t n, int64_t min_chunk, Fn fn) {
+  (void)pool;
   if (n <= 0) return;
-  int64_t threads = pool.num_threads();
-  int64_t max_tasks = (n + min_chunk - 1) / min_chunk;
-  int64_t tasks = threads < 1 ? 1 : (threads + 1 < max_tasks ? threads + 1 : max_tasks);
-  if (tasks <= 1) {
+  const int64_t threads = CpuPoolThreads();
+  const int64_t max_chunks = (n + min_chunk - 1) / min_chunk;
+  const int64_t chunks = threads * 4 < max_chunks ? threads * 4 : max_chunks;
+  if (threads <= 1 || chunks <= 1) {
     fn(int64_t{0}, n);
     return;
   }
-  int64_t chunks = tasks * 4 < max_tasks ? tasks * 4 : max_tasks;
-  int64_t chunk = (n + chunks - 1) / chunks;
-  struct State {
-    std::atomic<int64_t> next{0};
-    std::atomic<int64_t> done{0};
-    std::mutex mu;
-    std::condition_variable cv;
-  };
-  auto state = std::make_shared<State>();
-  // fn is copied into the shared lambda so that late tasks never reference a dead frame.
-  auto work = std::make_shared<Fn>(fn);
-  auto run = [state, work, chunks, chunk, n]() {
-    for (;;) {
-      int64_t c = state->next.fetch_add(1);
-      if (c >= chunks) return;
-      int64_t b = c * chunk;
-      int64_t e = b + chunk < n ? b + chunk : n;
-      if (b < e) (*work)(b, e);
-      if (state->done.fetch_add(1) + 1 == chunks) {
-        std::lock_guard<std::mutex> lock(state->mu);
-        state->cv.notify_all();
-      }
-    }
-  };
-  for (int64_t t = 1; t < tasks; ++t) pool.Schedule([run]() { run(); });
-  run();
-  std::unique_lock<std::mutex> lock(state->mu);
-  state->cv.wait(lock, [&] { return state->done.load() >= chunks; });
+  struct Ctx {
+    Fn* fn;
+    int64_t chunk, n;
+  } ctx{&fn, (n + chunks - 1) / chunks, n};
+  CpuPoolRun(
+      chunks,
+      [](void* p, int64_t c) {
+        const Ctx* x = static_cast<const Ctx*>(p);
+        const int64_t b = c * x->chunk, e = b + x->chunk < x->n ? b + x->chunk : x->n;
+        if (b < e) (*x->fn)(b, e);
+      },
+      &ctx);
 }
 
 inline void Prefetch(const void* p) { __builtin_prefetch(p, 0, 1); }

@@ -1,0 +1,170 @@
+"""The CPU kernels' SIMD paths (AVX-512, AVX2, portable scalar) and their worker pool.
+
+Every path this CPU supports is forced in turn (`native.set_cpu_isa`) and compared with the
+jnp reference on widths that exercise full register blocks, several blocks and the scalar
+tail; a wheel built here must also run on a CPU without AVX-512, which is the scalar and AVX2
+paths' job. The pool is checked single-threaded (EMBARK_CPU_THREADS=1, a fresh process) and
+under concurrent callers.
+"""
+
+import os
+import subprocess
+import sys
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from embark_jax import ops
+from embark_jax.ops import native, reference
+
+ISAS = [
+    i
+    for i in native.CPU_ISAS
+    if native.CPU_ISAS.index(i) <= native.CPU_ISAS.index(native.cpu_isa()["best"])
+]
+
+
+@pytest.fixture
+def isa(request):
+    previous = native.set_cpu_isa(request.param)
+    assert native.cpu_isa()["active"] == request.param
+    yield request.param
+    native.set_cpu_isa(previous)
+
+
+def _bags(rng, n_bags, max_len, vocab, sorted_segments=True):
+    lengths = rng.integers(0, max_len + 1, size=n_bags)
+    lengths[0] = 0  # an empty bag
+    seg = np.repeat(np.arange(n_bags), lengths).astype(np.int32)
+    ids = rng.integers(-2, vocab + 2, size=seg.size).astype(np.int32)  # padding both sides
+    w = rng.uniform(0.25, 2.0, size=seg.size).astype(np.float32)
+    if not sorted_segments:
+        p = rng.permutation(seg.size)
+        seg, ids, w = seg[p], ids[p], w[p]
+    return ids, seg, w
+
+
+def _check(table, ids, seg, w, n_bags, combiner, out_dtype=None, sorted_hint=True):
+    got = ops.lookup_pool(
+        table, ids, seg, n_bags, w, combiner, out_dtype=out_dtype, indices_are_sorted=sorted_hint
+    )
+    want = reference.lookup_pool(table.astype(jnp.float32), ids, seg, n_bags, w, combiner)
+    tol = 1e-5 if (table.dtype == jnp.float32 and got.dtype == jnp.float32) else 1e-2
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
+@pytest.mark.parametrize("dim", [1, 7, 16, 24, 64, 136, 264])
+def test_every_isa_matches_the_reference_on_every_width(isa, dim, rng):
+    """1 and 7: the scalar tail only; 16/24: one (partial) block; 136/264: several blocks
+    (AVX-512 blocks are 128 floats, AVX2's 64, scalar's 16) plus a tail."""
+    table = jnp.asarray(rng.normal(size=(50, dim)).astype(np.float32))
+    ids, seg, w = _bags(rng, 40, 9, 50)
+    for combiner in ("sum", "mean", "sqrtn"):
+        _check(table, ids, seg, w, 40, combiner)
+    got = ops.lookup_pool(table, ids, None, 0, w, "none")
+    want = reference.lookup_pool(table, ids, None, 0, w, "none")
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
+@pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
+def test_every_isa_handles_bf16_tables_and_outputs(isa, table_dtype, out_dtype, rng):
+    table = jnp.asarray(rng.normal(size=(64, 40)), table_dtype)
+    ids, seg, w = _bags(rng, 30, 6, 64)
+    _check(table, ids, seg, w, 30, "mean", out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
+def test_every_isa_handles_int64_ids_and_segments(isa, rng):
+    table = jnp.asarray(rng.normal(size=(30, 32)).astype(np.float32))
+    ids, seg, w = _bags(rng, 20, 5, 30)
+    with jax.enable_x64(True) if hasattr(jax, "enable_x64") else jax.experimental.enable_x64():
+        _check(table, jnp.asarray(ids, jnp.int64), jnp.asarray(seg, jnp.int64), w, 20, "sum")
+
+
+@pytest.mark.parametrize("sorted_hint", [True, False])
+def test_unsorted_segments_are_pooled_right_with_or_without_the_hint(sorted_hint, rng):
+    """With the hint the order is checked inside the parallel pass; an unsorted pair anywhere
+    (here: only the last two ids swapped) must still send the call down the unsorted path."""
+    table = jnp.asarray(rng.normal(size=(40, 16)).astype(np.float32))
+    ids, seg, w = _bags(rng, 600, 4, 40)
+    seg = seg.copy()
+    seg[-2], seg[-1] = seg[-1], seg[-2] - 1  # one descending pair at the very end
+    _check(table, ids, seg, w, 600, "sum", sorted_hint=sorted_hint)
+    ids, seg, w = _bags(rng, 600, 4, 40, sorted_segments=False)
+    _check(table, ids, seg, w, 600, "mean", sorted_hint=sorted_hint)
+
+
+def test_set_cpu_isa_refuses_unknown_names():
+    with pytest.raises(ValueError, match="cpu isa must be"):
+        native.set_cpu_isa("sse9")
+    assert native.cpu_isa()["active"] == native.cpu_isa()["best"]
+
+
+def test_concurrent_callers_get_their_own_results(rng):
+    """Only one call at a time uses the worker pool; the others run on their own thread."""
+    table = jnp.asarray(rng.normal(size=(500, 64)).astype(np.float32))
+    batches = [_bags(np.random.default_rng(s), 2000, 8, 500) for s in range(6)]
+    f = jax.jit(lambda t, i, s, w: ops.lookup_pool(t, i, s, 2000, w, indices_are_sorted=True))
+    wants = [np.asarray(reference.lookup_pool(table, *b[:2], 2000, b[2])) for b in batches]
+    errors = []
+
+    def work(k):
+        for _ in range(20):
+            got = np.asarray(f(table, *batches[k]))
+            if not np.allclose(got, wants[k], rtol=1e-5, atol=1e-5):
+                errors.append(k)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(batches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+_CHILD = """
+import numpy as np, jax.numpy as jnp
+from embark_jax import ops
+from embark_jax.ops import native, reference
+print(native.cpu_threads(), native.cpu_isa()["active"])
+rng = np.random.default_rng(1)
+t = jnp.asarray(rng.normal(size=(100, 48)).astype(np.float32))
+ids = jnp.asarray(rng.integers(0, 100, 4000).astype(np.int32))
+seg = jnp.repeat(jnp.arange(1000, dtype=jnp.int32), 4)
+got = ops.lookup_pool(t, ids, seg, 1000, indices_are_sorted=True)
+np.testing.assert_allclose(got, reference.lookup_pool(t, ids, seg, 1000), rtol=1e-5, atol=1e-5)
+"""
+
+
+def _child(env_extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBARK_CPU")}
+    env.update(env_extra)
+    return subprocess.run(
+        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_environment_switches_take_effect_in_a_fresh_process():
+    r = _child({"EMBARK_CPU_THREADS": "1", "EMBARK_CPU_ISA": "scalar"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "scalar"]
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"EMBARK_CPU_ISA": "sse9"}, "EMBARK_CPU_ISA='sse9': expected auto"),
+        ({"EMBARK_CPU_THREADS": "0"}, "EMBARK_CPU_THREADS='0': expected a positive integer"),
+        ({"EMBARK_CPU_THREADS": "two"}, "EMBARK_CPU_THREADS='two'"),
+    ],
+)
+def test_bad_environment_switches_are_one_line_errors(env, message):
+    r = _child(env)
+    assert r.returncode != 0
+    assert message in r.stderr.strip().splitlines()[-1]

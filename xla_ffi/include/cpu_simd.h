@@ -1,0 +1,84 @@
+// SIMD vectors for the CPU kernels' hot loops, one per instruction set of cpu_isa.h.
+//
+// A kernel writes its loop once against `Vec` (kW floats per vector, up to kMaxNV vectors of
+// accumulators held in registers) in an .inc file, and includes that file three times: in a
+// namespace whose `Vec` is ScalarVec, and inside `#pragma GCC target` regions with Avx2Vec and
+// Avx512Vec. Everything defined in a region is compiled for its
+// instruction set; the rest of the module stays baseline x86-64, so it loads on any CPU and
+// only the path ActiveCpuIsa() picks ever runs. Row loads take float32 or bfloat16 (stored as
+// uint16, widened to float32 exactly by a 16-bit shift).
+#pragma once
+
+#include <cstdint>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define EMBARK_HAVE_X86_SIMD 1
+#else
+#define EMBARK_HAVE_X86_SIMD 0
+#endif
+
+// Forces inlining in the hot loops (the compiler declines for large unrolled bodies).
+#define EMBARK_INLINE inline __attribute__((always_inline))
+
+namespace embark {
+
+// Portable C++ (the compiler may still vectorise it for the baseline instruction set).
+struct ScalarVec {
+  static constexpr int64_t kW = 1, kMaxNV = 16;
+  using V = float;
+  static inline V Zero() { return 0.0f; }
+  static inline V Set1(float x) { return x; }
+  static inline V Load(const float* p) { return *p; }
+  static inline V Load(const uint16_t* p) {
+    uint32_t bits = static_cast<uint32_t>(*p) << 16;
+    float f;
+    __builtin_memcpy(&f, &bits, sizeof(f));
+    return f;
+  }
+  static inline V Fma(V a, V b, V c) { return a * b + c; }
+  static inline V Mul(V a, V b) { return a * b; }
+  static inline void Store(float* p, V v) { *p = v; }
+};
+
+#if EMBARK_HAVE_X86_SIMD
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+struct Avx2Vec {
+  static constexpr int64_t kW = 8, kMaxNV = 8;
+  using V = __m256;
+  static inline V Zero() { return _mm256_setzero_ps(); }
+  static inline V Set1(float x) { return _mm256_set1_ps(x); }
+  static inline V Load(const float* p) { return _mm256_loadu_ps(p); }
+  static inline V Load(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static inline V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static inline void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+};
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+struct Avx512Vec {
+  static constexpr int64_t kW = 16, kMaxNV = 8;
+  using V = __m512;
+  static inline V Zero() { return _mm512_setzero_ps(); }
+  static inline V Set1(float x) { return _mm512_set1_ps(x); }
+  static inline V Load(const float* p) { return _mm512_loadu_ps(p); }
+  static inline V Load(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static inline V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static inline V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static inline void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+};
+#pragma GCC pop_options
+
+#endif  // EMBARK_HAVE_X86_SIMD
+
+}  // namespace embark
