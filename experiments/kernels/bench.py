@@ -1,246 +1,333 @@
-"""Kernel benchmark: the FFI kernels against XLA's own lowering on the same data, same run.
+"""Kernel benchmark: our FFI kernels against XLA's lowering and torch (FBGEMM), same data.
 
-Forward:  `ops.lookup_pool` with `indices_are_sorted=True` (the layout `SparseFeatures.flat`
-          gives, and the path production takes) vs `jnp.take` + `jax.ops.segment_sum` (XLA).
-Backward: `ops.lookup_pool_backward_update` (fused backward + SGD, donated table), and the
-          two-op path `lookup_pool_backward` + `sparse_update` with a capacity sized as a
-          planner would (the batch's distinct rows rounded up to 256, not B*L), vs `jax.grad`
-          of the XLA forward + dense SGD `table - lr * grad` (donated table).
+Each library runs in its own long-lived worker process (`worker.py`; their thread pools slow
+each other in one process), all with the same thread count. Per op, the driver sets the op up
+in every worker (compile + warm-up), then runs `repeats` repetitions in rounds: each round
+gives every implementation `reps_per_round` repetitions, one process at a time, the starting
+implementation rotating round by round, with a short idle gap between processes (spinning
+pool threads go to sleep). Our two-op backward, which no peer has, is timed in the fused
+backward's session, interleaved with it and the peers. What each library computes is in
+`cases_jax.py` and `cases_torch.py`; bytes follow FBGEMM's accounting (`points.op_bytes`).
+Each library's output (or its table after the same number of SGD steps) is compared with
+XLA's on a subset of rows.
 
-Bytes follow FBGEMM's accounting: forward reads B*L rows of D elements and writes B*D;
-backward reads B*D output grads, reads/writes B*L*D of per-id gradient, and reads and writes
-each touched row once. Ratios are FFI speed / XLA speed measured in the same run (the machines
-are shared and noisy: compare ratios, not absolute times).
+JSON (`--out`, default results/kernels.json; rewritten after every point), schema
+"embark_jax.kernel_bench/2":
+
+  schema, backend ("cpu"/"gpu"), devices, copy_GBps (copy bandwidth, read + write),
+  machine: {cpu_model, cpu_count, cpu_affinity, threads, platform, python, numpy,
+            loadavg_start, loadavg_end}
+  settings: {repeats, reps_per_round, warmup, gap_s, seed, threads, ops, libs}
+  libs: {lib: worker info: versions, device, threads_requested, os_threads (by thread name),
+         xla_intra_op_threads (JAX libs), num_threads + parallel_backend (torch)}
+  unavailable: {lib: why it was not measured (e.g. "ImportError: No module named 'torch'")}
+  ops: [op names run]; checks_ok: every library agreed with the reference on every op
+  points: [{
+    point: {batch, hotness, dim, vocab, dist, name, label, unique_rows, two_op_capacity},
+    OP: {                                  # forward, forward_bf16, backward_update,
+      op, bytes,                           # backward_two_op, train_step, unique, segment_sum
+      libs: {IMPL: {min_s, median_s, times_s: [...], reps, GBps, GBps_median}},
+                                           # IMPL: embark, xla, torch, torch_segment_reduce
+      ratios: {PEER: {min, median}},       # PEER time / ours (>1: ours faster); backward_two_op
+                                           # against backward_update's libs, "fused" = ours
+      errors: {IMPL: msg}, check: {IMPL: {max_abs_err, ok}},
+      ffi_s, ffi_GBps, xla_s, xla_GBps, torch_s, torch_GBps, speedup (XLA / ours),
+      fraction_of_copy                     # flat keys at the min, as older readers expect
+    }}]
+
+Threads: see `worker.py` (XLA's intra-op pool follows the CPU affinity; torch gets
+`set_num_threads`). The shared 2-core machines are noisy: compare ratios, read min and median.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
+import os
+import platform
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from embark_jax import ops
-from embark_jax.data.synthetic import zipf_ranks
-from embark_jax.ops import optimizers as O
+from experiments.kernels import points as P
+from experiments.kernels import report
+from experiments.kernels.points import DEFAULT_POINTS, Point
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = "embark_jax.kernel_bench/2"
+LIBS = ("embark", "xla", "torch")
+TOLERANCE = {  # (rtol, atol) of each library's sample against the reference's
+    "forward": (1e-4, 1e-3),
+    "forward_bf16": (2e-2, 5e-2),
+    "backward_update": (1e-4, 1e-4),
+    "backward_two_op": (1e-4, 1e-4),
+    "train_step": (1e-4, 1e-4),
+    "unique": (0.0, 0.0),
+    "segment_sum": (1e-4, 1e-3),
+}
 
 
-@dataclasses.dataclass(frozen=True)
-class Point:
-    batch: int
-    hotness: int
-    dim: int
-    vocab: int
-    dist: str  # "uniform" or "zipf"
-
-    @property
-    def name(self) -> str:
-        return f"B{self.batch}_L{self.hotness}_D{self.dim}_V{self.vocab}_{self.dist}"
+class WorkerError(RuntimeError):
+    pass
 
 
-DEFAULT_POINTS = [
-    Point(1024, 8, 64, 100_000, "uniform"),
-    Point(4096, 32, 128, 1_000_000, "uniform"),
-    Point(4096, 32, 128, 1_000_000, "zipf"),
-    Point(8192, 32, 128, 2_000_000, "zipf"),
-]
+class Worker:
+    """A library's worker process, driven one JSON line at a time."""
 
-
-def make_ids(p: Point, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if p.dist == "zipf":
-        ranks = zipf_ranks(rng, 1.1, p.vocab, (p.batch, p.hotness))
-        return ((ranks * 2654435761) % p.vocab).astype(np.int32)  # spread hot ids
-    return rng.integers(0, p.vocab, size=(p.batch, p.hotness)).astype(np.int32)
-
-
-def timeit(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def ffi_forward(table, ids, seg, num_segments):
-    """The FFI forward as production calls it: bags in order, so the sorted path."""
-    return ops.lookup_pool(table, ids, seg, num_segments, indices_are_sorted=True)
-
-
-def xla_forward(table, ids, seg, num_segments):
-    return jax.ops.segment_sum(jnp.take(table, ids, axis=0), seg, num_segments=num_segments)
-
-
-def bench_point(p: Point, repeats: int = 5, lr: float = 0.01) -> dict:
-    ids_np = make_ids(p)
-    ids = jnp.asarray(ids_np.reshape(-1))
-    seg = jnp.repeat(jnp.arange(p.batch, dtype=jnp.int32), p.hotness)
-    table = jax.random.normal(jax.random.key(0), (p.vocab, p.dim), jnp.float32)
-    grads_out = jax.random.normal(jax.random.key(1), (p.batch, p.dim), jnp.float32)
-    unique_rows = len(np.unique(ids_np))
-    capacity = two_op_capacity(unique_rows)
-    opt = O.SGD(learning_rate=lr)
-
-    ffi_fwd = jax.jit(lambda t, i, s: ffi_forward(t, i, s, p.batch))
-    xla_fwd = jax.jit(lambda t, i, s: xla_forward(t, i, s, p.batch))
-    np.testing.assert_allclose(
-        np.asarray(ffi_fwd(table, ids, seg)),
-        np.asarray(xla_fwd(table, ids, seg)),
-        rtol=1e-4,
-        atol=1e-3,
-    )
-    t_ffi_fwd = timeit(lambda: ffi_fwd(table, ids, seg), repeats)
-    t_xla_fwd = timeit(lambda: xla_fwd(table, ids, seg), repeats)
-
-    @_jit_donating
-    def ffi_train(t, g):  # fused backward + SGD, no gradient buffer
-        t, _, _ = ops.lookup_pool_backward_update(t, opt.init(t), g, ids, seg, optimizer=opt)
-        return t
-
-    @_jit_donating
-    def ffi_two_op(t, g):  # lookup_pool_backward (dedup + reduce) then sparse_update
-        rows, rg, _ = ops.lookup_pool_backward(g, ids, seg, capacity=capacity, combiner="sum")
-        t, _ = ops.sparse_update(t, opt.init(t), rows, rg, opt, assume_unique=True)
-        return t
-
-    @_jit_donating
-    def xla_train(t, g):
-        _, vjp = jax.vjp(lambda tt: xla_forward(tt, ids, seg, p.batch), t)
-        return t - lr * vjp(g)[0]
-
-    state = {"ffi": table + 0.0, "xla": table + 0.0, "two_op": table + 0.0}
-
-    def run(kind, fn):
-        def go():
-            state[kind] = fn(state[kind], grads_out)
-            return state[kind]
-
-        return go
-
-    t_ffi_bwd = timeit(run("ffi", ffi_train), repeats)
-    t_two_op = timeit(run("two_op", ffi_two_op), repeats)
-    t_xla_bwd = timeit(run("xla", xla_train), repeats)
-    # all paths applied the same number of identical SGD steps
-    for kind in ("ffi", "two_op"):
-        np.testing.assert_allclose(
-            np.asarray(state[kind][:1000]), np.asarray(state["xla"][:1000]), rtol=1e-4, atol=1e-4
+    def __init__(self, lib: str, threads: int, device: str = "auto"):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(":")
+        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # GPU: workers share it
+        cmd = [sys.executable, "-m", "experiments.kernels.worker", "--lib", lib]
+        cmd += ["--threads", str(threads), "--device", device]
+        self.lib = lib
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT
         )
+        self.hello = None
 
-    e = 4
-    fwd_bytes = p.batch * p.hotness * p.dim * e + p.batch * p.dim * e
-    bwd_bytes = p.batch * p.dim * e + p.batch * p.hotness * p.dim * e + 2 * unique_rows * p.dim * e
-    bwd = _rates(t_ffi_bwd, t_xla_bwd, bwd_bytes)
-    bwd.update(two_op_s=t_two_op, two_op_speedup=t_xla_bwd / t_two_op)
-    return {
-        "point": dataclasses.asdict(p)
-        | {"name": p.name, "unique_rows": unique_rows, "two_op_capacity": capacity},
-        "forward": _rates(t_ffi_fwd, t_xla_fwd, fwd_bytes),
-        "backward_update": bwd,
-        "backward_two_op": _rates(t_two_op, t_xla_bwd, bwd_bytes),
-    }
+    def send(self, **msg) -> None:
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
 
+    def recv(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise WorkerError(f"{self.lib} worker exited (status {self.proc.wait()})")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise WorkerError(f"{self.lib} worker: {reply['error']}\n{reply.get('traceback')}")
+        return reply
 
-def two_op_capacity(unique_rows: int, multiple: int = 256) -> int:
-    """The two-op backward's capacity: the distinct rows rounded up, as planned capacities
-    are (sized from observed batches), rather than B*L mostly-empty rows."""
-    return max(multiple, -(-unique_rows // multiple) * multiple)
+    def call(self, **msg) -> dict:
+        self.send(**msg)
+        return self.recv()
 
-
-def _rates(t_ffi: float, t_xla: float, nbytes: int) -> dict:
-    """Times, GB/s of both paths for the same bytes, and the FFI speedup over XLA."""
-    return {
-        "ffi_s": t_ffi,
-        "xla_s": t_xla,
-        "bytes": nbytes,
-        "ffi_GBps": nbytes / t_ffi / 1e9,
-        "xla_GBps": nbytes / t_xla / 1e9,
-        "speedup": t_xla / t_ffi,
-    }
-
-
-def _jit_donating(fn):
-    return jax.jit(fn, donate_argnums=(0,))
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.send(cmd="quit")
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
-def copy_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
-    """Copy bandwidth (read + write bytes per second), the ceiling for these kernels: a
-    device-to-device copy on a GPU, a numpy copy into a preallocated buffer on the CPU."""
-    if jax.default_backend() == "cpu":
-        src, dst = np.ones(nbytes // 4, np.float32), np.empty(nbytes // 4, np.float32)
-        t = timeit(lambda: np.copyto(dst, src), repeats)
-    else:
-        x = jnp.ones((nbytes // 4,), jnp.float32)
-        f = jax.jit(lambda a: a + 1.0)
-        t = timeit(lambda: f(x), repeats)
-    return 2 * nbytes / t
+@dataclasses.dataclass
+class Settings:
+    repeats: int = 7
+    reps_per_round: int = 1
+    warmup: int = 2
+    gap_s: float = 0.02
+    seed: int = P.SEED
+    threads: int = 0  # 0: the CPUs this process may run on
+    ops: tuple[str, ...] = P.OPS
+    libs: tuple[str, ...] = LIBS
+    copy_nbytes: int = 1 << 28
 
 
-def torch_embedding_bag(p: Point, repeats: int = 5) -> float | None:
+def start_workers(s: Settings) -> tuple[list[Worker], dict, dict]:
+    """Starts one worker per library (in parallel); returns the available ones, every
+    library's info and the reasons of those left out. torch runs on CUDA when JAX runs on a
+    GPU, and is left out there if it has no CUDA."""
+    started = [Worker(lib, s.threads, "auto") for lib in s.libs]
+    workers, infos, unavailable = [], {}, {}
+    for w in started:
+        w.hello = w.recv()
+        if w.hello["available"]:
+            workers.append(w)
+            infos[w.lib] = w.hello["info"]
+        else:
+            unavailable[w.lib] = w.hello["reason"]
+            w.close()
+    backend = next((i["backend"] for i in infos.values() if "backend" in i), "cpu")
+    for w in list(workers):
+        if w.lib == "torch" and (backend == "gpu") != (infos["torch"]["device"] == "cuda"):
+            unavailable["torch"] = f"torch is on {infos['torch']['device']}, JAX on {backend}"
+            workers.remove(w)
+            infos.pop("torch")
+            w.close()
+    return workers, infos, unavailable
+
+
+def measure_op(
+    workers: list[Worker], op: str, s: Settings, extra_ops=()
+) -> tuple[dict, dict, dict]:
+    """Sets `op` (and `extra_ops`, whose impls are named `IMPL@OP`) up in every worker, runs
+    the interleaved rounds, collects the samples.
+    Returns `({impl: [seconds]}, {impl: error}, {impl: sample array})`."""
+    for w in workers:
+        w.send(cmd="setup", op=op, warmup=s.warmup, extra_ops=list(extra_ops))
+    impls, errors = [], {}
+    for w in workers:
+        r = w.recv()
+        impls += [(w, impl) for impl in r["impls"]]
+        errors |= r["errors"]
+    times = {impl: [] for _, impl in impls}
+    done, rnd = 0, 0
+    while impls and done < s.repeats:
+        k = min(s.reps_per_round, s.repeats - done)
+        j = rnd % len(impls)
+        for w, impl in impls[j:] + impls[:j]:
+            time.sleep(s.gap_s)
+            times[impl] += w.call(cmd="run", impl=impl, reps=k)["times"]
+        done, rnd = done + k, rnd + 1
+    samples = {impl: np.asarray(w.call(cmd="sample", impl=impl)["sample"]) for w, impl in impls}
+    for w in workers:
+        w.call(cmd="teardown")
+    return times, errors, samples
+
+
+def check_samples(op: str, samples: dict, reference: np.ndarray | None) -> dict:
+    """Each implementation's sample against the reference (XLA's, else ours)."""
+    if reference is None:
+        return {}
+    rtol, atol = TOLERANCE[op]
+    out = {}
+    for impl, x in samples.items():
+        same = x.shape == reference.shape
+        err = float(np.max(np.abs(x - reference), initial=0.0)) if same else float("inf")
+        ok = same and bool(np.allclose(x, reference, rtol=rtol, atol=atol))
+        out[impl] = {"max_abs_err": err, "ok": ok}
+    return out
+
+
+def by_op(op: str, *maps: dict) -> dict[str, tuple[dict, ...]]:
+    """Splits a session's `{IMPL[@OP]: x}` maps into `{OP: maps with plain IMPL keys}`."""
+    out = {}
+    for i, m in enumerate(maps):
+        for key, value in m.items():
+            impl, _, other = key.partition("@")
+            out.setdefault(other or op, tuple({} for _ in maps))[i][impl] = value
+    return out
+
+
+def bench_point(workers: list[Worker], p: Point, s: Settings, copy_GBps=None) -> dict:
+    """Every op of `s.ops` at one point: the JSON record of the point."""
+    for w in workers:
+        w.send(cmd="point", point=p.to_json(), seed=s.seed)
+    metas = [w.recv() for w in workers]  # every worker answers; the data is the same
+    u = metas[0]["unique_rows"]
+    pt = {"point": p.to_json() | {"name": p.name, "label": p.label, "unique_rows": u}}
+    pt["point"]["two_op_capacity"] = metas[0]["capacity"]
+    measured, refs = {}, {}
+    for op in s.ops:
+        if op in measured or P.PEER_OP.get(op) in s.ops:
+            continue
+        extra = [o for o in s.ops if P.PEER_OP.get(o) == op]
+        measured |= by_op(op, *measure_op(workers, op, s, extra))
+        for o in [op, *extra]:
+            times, errors, samples = measured.get(o, ({}, {}, {}))
+            pt[o] = op_result(o, p, u, times, errors, samples, pt, refs, copy_GBps)
+            print(progress_line(o, pt[o]), flush=True)
+    return pt
+
+
+def op_result(op, p, u, times, errors, samples, pt, refs, copy_GBps) -> dict:
+    """The record of one op at point `p` (`pt`: the point's records so far, `refs`: each
+    op's reference sample so far)."""
+    nbytes = P.op_bytes(op, p, u)
+    libs = {impl: report.summarize(t, nbytes) for impl, t in times.items() if t}
+    peer = P.PEER_OP.get(op)
+    peer_libs = pt[peer]["libs"] if peer in pt else None
+    rec = report.op_record(op, nbytes, libs, peer_libs, copy_GBps)
+    refs[op] = next((samples[k] for k in ("xla", "embark") if k in samples), None)
+    rec["errors"] = errors
+    rec["check"] = check_samples(op, samples, refs.get(peer, refs[op]))
+    return rec
+
+
+def progress_line(op: str, rec: dict) -> str:
+    parts = [
+        f"{impl} {r['min_s'] * 1e3:.3f}/{r['median_s'] * 1e3:.3f} ms {r['GBps']:.2f} GB/s"
+        for impl, r in rec["libs"].items()
+    ]
+    bad = [k for k, c in rec["check"].items() if not c["ok"]]
+    tail = f"  MISMATCH: {', '.join(bad)}" if bad else ""
+    tail += "".join(f"  [{k}: {v}]" for k, v in rec["errors"].items())
+    return f"   {op:16s} " + " | ".join(parts) + tail
+
+
+def machine_info(s: Settings) -> dict:
+    model = platform.processor() or "unknown"
     try:
-        import torch
-    except ImportError:
-        return None
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    w = torch.randn(p.vocab, p.dim, device=dev)
-    ids = torch.as_tensor(make_ids(p).reshape(-1).astype(np.int64), device=dev)
-    offsets = torch.arange(0, p.batch * p.hotness, p.hotness, device=dev)
-    fn = lambda: torch.nn.functional.embedding_bag(ids, w, offsets, mode="sum")  # noqa: E731
-    for _ in range(2):
-        fn()
-    if dev == "cuda":
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        if dev == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        with open("/proc/cpuinfo") as fh:
+            model = next(ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {
+        "cpu_model": model,
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)),
+        "threads": s.threads,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "loadavg_start": list(os.getloadavg()),
+    }
 
 
-def run(points=DEFAULT_POINTS, repeats: int = 5, out: str | None = None) -> dict:
-    backend = jax.default_backend()
-    result = {"backend": backend, "devices": str(jax.devices()[0]), "points": []}
-    ceiling = copy_bandwidth(1 << 28 if backend == "cpu" else 1 << 30, repeats)
-    result["copy_GBps"] = ceiling / 1e9
-    print(f"backend {backend}: device copy {ceiling / 1e9:.1f} GB/s (read+write)", flush=True)
+def run(points=DEFAULT_POINTS, repeats: int = 7, out: str | None = None, **kw) -> dict:
+    """Runs the benchmark; writes `out` after every point; returns the JSON record."""
+    s = Settings(repeats=repeats, **kw)
+    s.threads = s.threads or len(os.sched_getaffinity(0))
+    workers, infos, unavailable = start_workers(s)
+    if "embark" not in infos:
+        for w in workers:
+            w.close()
+        raise RuntimeError(f"our kernels could not be loaded: {unavailable.get('embark')}")
+    try:
+        result = _run(workers, infos, unavailable, points, s, out)
+    finally:
+        for w in workers:
+            w.close()
+    result["machine"]["loadavg_end"] = list(os.getloadavg())
+    print("\n" + report.tables(result) + "\n", flush=True)
+    _write(result, out)
+    return result
+
+
+def _run(workers, infos, unavailable, points, s: Settings, out) -> dict:
+    ours = next(w for w in workers if w.lib == "embark")
+    backend = infos["embark"]["backend"]
+    nbytes = s.copy_nbytes if backend == "cpu" else max(s.copy_nbytes, 1 << 30)
+    copy_GBps = ours.call(cmd="copy", nbytes=nbytes)["GBps"]
+    settings = dataclasses.asdict(s) | {"ops": list(s.ops), "libs": list(s.libs)}
+    result = {
+        "schema": SCHEMA,
+        "backend": backend,
+        "devices": infos["embark"]["device"],
+        "copy_GBps": copy_GBps,
+        "machine": machine_info(s),
+        "settings": settings,
+        "libs": infos,
+        "unavailable": unavailable,
+        "ops": list(s.ops),
+        "checks_ok": True,
+        "points": [],
+    }
+    print(f"backend {backend}, {s.threads} threads: copy {copy_GBps:.1f} GB/s (read+write)")
+    for lib, why in unavailable.items():
+        print(f"{lib}: not measured ({why})")
     for p in points:
-        print(f"-- {p.name} ...", flush=True)
-        r = bench_point(p, repeats)
-        for k in ("forward", "backward_update", "backward_two_op"):
-            r[k]["fraction_of_copy"] = r[k]["ffi_GBps"] * 1e9 / ceiling
-        tb = torch_embedding_bag(p, repeats)
-        if tb is not None:
-            r["forward"]["torch_embedding_bag_s"] = tb
-        f, b = r["forward"], r["backward_update"]
-        print(
-            f"   forward   ffi {f['ffi_s'] * 1e3:8.2f} ms {f['ffi_GBps']:6.2f} GB/s | xla "
-            f"{f['xla_s'] * 1e3:8.2f} ms {f['xla_GBps']:6.2f} GB/s | {f['speedup']:.2f}x, "
-            f"{100 * f['fraction_of_copy']:.0f}% of copy",
-            flush=True,
-        )
-        print(
-            f"   bwd+upd   ffi {b['ffi_s'] * 1e3:8.2f} ms {b['ffi_GBps']:6.2f} GB/s | xla "
-            f"{b['xla_s'] * 1e3:8.2f} ms {b['xla_GBps']:6.2f} GB/s | {b['speedup']:.2f}x, "
-            f"{100 * b['fraction_of_copy']:.0f}% of copy | two-op {b['two_op_s'] * 1e3:.2f} ms "
-            f"({b['two_op_speedup']:.2f}x)",
-            flush=True,
-        )
-        result["points"].append(r)
-        if out:  # after every point: a run stopped by its time budget keeps what it measured
-            with open(out, "w") as fh:
-                json.dump(result, fh, indent=1)
+        print(f"-- {p.name}", flush=True)
+        pt = bench_point(workers, p, s, copy_GBps)
+        result["points"].append(pt)
+        ok = all(c["ok"] for op in s.ops for c in pt[op]["check"].values())
+        result["checks_ok"] = result["checks_ok"] and ok
+        _write(result, out)  # a run stopped by its time budget keeps what it measured
+    for w in workers:  # thread counts after the work (pools are created lazily)
+        result["libs"][w.lib] = w.call(cmd="info")["info"]
+    return result
+
+
+def _write(result: dict, out: str | None) -> None:
     if out:
         with open(out, "w") as fh:
             json.dump(result, fh, indent=1)
-        print(f"wrote {out}")
-    return result

@@ -1,27 +1,68 @@
-"""Kernel benchmark: `python -m experiments.kernels.main [--quick | --gpu-quick] [--out results.json]`."""
+"""Kernel benchmark: ours vs XLA vs torch, each library in its own process.
+
+  python -m experiments.kernels.main                      # the 5 points, every op, 7 reps
+  python -m experiments.kernels.main --quick              # one tiny point (seconds)
+  python -m experiments.kernels.main --gpu-quick          # GPU check: forward + backward, 3 reps
+  python -m experiments.kernels.main --ops forward --libs embark,torch --repeats 15
+
+torch is measured when installed (`pip install -e .[bench]`); without it its column is left
+out and the run still exits 0. Exit status 1 when a library's output disagrees with the
+reference's. The JSON schema is in `experiments/kernels/bench.py`.
+"""
 
 import argparse
+import os
 
-from experiments.kernels.bench import DEFAULT_POINTS, Point, run
+from experiments.kernels import bench
+from experiments.kernels import points as P
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default="results/kernels.json")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7, help="timed repetitions per library")
+    ap.add_argument("--reps-per-round", type=int, default=1, help="repetitions per turn")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0, help="0: the CPUs we may run on")
+    ap.add_argument("--ops", default=None, help=f"comma list of {','.join(P.OPS)}")
+    ap.add_argument("--libs", default=",".join(bench.LIBS), help="comma list")
     ap.add_argument("--quick", action="store_true", help="one small point (smoke test)")
     ap.add_argument(
         "--gpu-quick",
         action="store_true",
-        help="the production points at 3 repeats (the GPU check's time-boxed mode)",
+        help="the production points, forward and backward ops, at most 3 repeats (the GPU "
+        "check's time-boxed mode)",
     )
     args = ap.parse_args(argv)
-    points = [Point(256, 4, 16, 5000, "zipf")] if args.quick else DEFAULT_POINTS
+    points = P.QUICK_POINTS if args.quick else P.DEFAULT_POINTS
+    ops = P.GPU_QUICK_OPS if args.gpu_quick else P.OPS
+    if args.ops:
+        ops = tuple(args.ops.split(","))
+        unknown = set(ops) - set(P.OPS)
+        if unknown:
+            ap.error(f"unknown ops: {', '.join(sorted(unknown))}")
+    libs = tuple(args.libs.split(","))
+    if "embark" not in libs or set(libs) - set(bench.LIBS):
+        ap.error(f"--libs: embark and any of {', '.join(bench.LIBS[1:])}")
     repeats = min(args.repeats, 3) if args.gpu_quick else args.repeats
-    import os
-
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    return run(points, repeats, args.out)
+    result = bench.run(
+        points,
+        repeats,
+        args.out,
+        reps_per_round=args.reps_per_round,
+        warmup=args.warmup,
+        threads=args.threads,
+        ops=ops,
+        libs=libs,
+        copy_nbytes=1 << 24 if args.quick else 1 << 28,
+    )
+    print(f"wrote {args.out}")
+    if not result["checks_ok"]:
+        raise SystemExit("a library's output disagrees with the reference (see 'check')")
+    return result
 
 
 if __name__ == "__main__":
