@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cpu_isa.h"
+#include "cpu_segments.h"
 #include "cpu_simd.h"
 #include "embark_abi.h"
 #include "embark_dispatch.h"
@@ -81,13 +82,6 @@ PoolFns<T, Id, S, O> SelectPool(CpuIsa isa) {
   return {&pool_scalar::PoolSorted<T, Id, S, O>, &pool_scalar::PoolRows<T, Id, O>};
 }
 
-template <typename S>
-int64_t LowerBound(const S* seg, int64_t n, int64_t value) {
-  return std::lower_bound(seg, seg + n, value,
-                          [](S a, int64_t v) { return static_cast<int64_t>(a) < v; }) -
-         seg;
-}
-
 // Unsorted segment ids: each worker owns bags [s0, s1) and scans every id.
 template <typename T, typename Id, typename S, typename O>
 void PoolUnsorted(const Src<T, Id>& s, const S* seg, Combiner combiner, O* out, int64_t s0,
@@ -108,14 +102,6 @@ void PoolUnsorted(const Src<T, Id>& s, const S* seg, Combiner combiner, O* out, 
     if (combiner == Combiner::SQRTN) scale = dn > 0 ? 1.0f / std::sqrt(dn) : 0.0f;
     for (int64_t j = 0; j < d; ++j) Elem<O>::Store(out + b * d, j, acc[(b - s0) * d + j] * scale);
   }
-}
-
-// True if seg[p0 - 1 .. p1) is ascending (from position max(p0, 1)).
-template <typename S>
-bool AscendingRange(const S* seg, int64_t p0, int64_t p1) {
-  bool ok = true;
-  for (int64_t i = p0 > 1 ? p0 : 1; i < p1; ++i) ok &= seg[i - 1] <= seg[i];
-  return ok;
 }
 
 // Pooled combiners. With the sorted hint, the order check runs inside the parallel pass (each

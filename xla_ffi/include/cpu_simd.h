@@ -37,6 +37,7 @@ struct ScalarVec {
     return f;
   }
   static inline V Fma(V a, V b, V c) { return a * b + c; }
+  static inline V Add(V a, V b) { return a + b; }
   static inline V Mul(V a, V b) { return a * b; }
   static inline void Store(float* p, V v) { *p = v; }
 };
@@ -56,6 +57,7 @@ struct Avx2Vec {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
   static inline V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline V Add(V a, V b) { return _mm256_add_ps(a, b); }
   static inline V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static inline void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
 };
@@ -74,6 +76,7 @@ struct Avx512Vec {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
   static inline V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static inline V Add(V a, V b) { return _mm512_add_ps(a, b); }
   static inline V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static inline void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
 };
