@@ -88,12 +88,22 @@ class TableConfig:
       vocab_size: number of rows V; valid ids are [0, V).
       dim: embedding dimension d (columns).
       dtype: storage dtype, float32 (default) or bfloat16. A bfloat16 table keeps 8 bits of
-        mantissa: the optimizers compute in float32 but round each updated row back to
-        bfloat16 (round to nearest), so an update smaller than about 2^-9 of a weight is
-        lost (20 SGD steps of 1e-3 leave 1.0 unchanged). Use float32 tables when updates
-        are that small; stochastic rounding is not implemented.
+        mantissa: the sparse optimizers compute in float32 and store each updated element
+        back as bfloat16, rounded as `stochastic_rounding` says.
       initializer: `init(key, shape, dtype)`; default uniform(+-1/sqrt(dim)). A sharded
         table calls it once per shard, with that shard's `(rows, width)` shape.
+      stochastic_rounding: bfloat16 tables only (float32 tables are stored exactly and
+        ignore it). True (default, as FBGEMM's `stochastic_rounding=True`): each updated
+        element is rounded to one of the two nearest bfloat16 values, the upper one with
+        probability equal to its distance from the lower in units of their gap, so the
+        stored value is unbiased and updates below the bfloat16 resolution are kept on
+        average (20 SGD steps of 1e-3 move 1.0 by about 0.02 in expectation). The random
+        bits are a hash of a per-step seed (from the training state's PRNG key and step
+        counter, or the collection's own counter) and the element's row and column:
+        training is reproducible given the seed, and replicas of a data-parallel table get
+        identical updates. False: round to nearest even, deterministic, but an update
+        smaller than about 2^-9 of a weight is lost (20 SGD steps of 1e-3 leave 1.0
+        unchanged).
     """
 
     name: str
@@ -101,6 +111,7 @@ class TableConfig:
     dim: int
     dtype: Any = np.float32
     initializer: Initializer | None = None
+    stochastic_rounding: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -123,6 +134,18 @@ class TableConfig:
             raise ValueError(
                 f"table {self.name!r}: dtype must be float32 or bfloat16, got {self.dtype!r}"
             )
+        if not isinstance(self.stochastic_rounding, bool | np.bool_):
+            raise ValueError(
+                f"table {self.name!r}: stochastic_rounding must be True or False, "
+                f"got {self.stochastic_rounding!r}"
+            )
+        object.__setattr__(self, "stochastic_rounding", bool(self.stochastic_rounding))
+
+    @property
+    def rounds_stochastically(self) -> bool:
+        """Whether the sparse optimizers round this table's updates stochastically: a
+        bfloat16 table with `stochastic_rounding` (float32 tables are stored exactly)."""
+        return self.stochastic_rounding and as_dtype(self.dtype) == np.dtype(ml_dtypes.bfloat16)
 
     def init(self, key: Any) -> Any:
         """Returns a freshly initialised [vocab_size, dim] table (a JAX array)."""

@@ -56,12 +56,21 @@ SLOT_FOOTPRINT: dict[OptimizerId, tuple[int, int]] = {
 
 class Hparam(enum.IntEnum):
     """Index of each entry of the optimizers' float32 `hparams` operand
-    (`EMBARK_ABI_HPARAMS`); Adam's bias corrections are folded into LR and EPS."""
+    (`EMBARK_ABI_HPARAMS`); Adam's bias corrections are folded into LR and EPS.
+
+    ROUNDING: how a bfloat16 table's updated elements are stored, 0 to nearest even, 1
+    stochastically (bits hashed from the seed, row and column; `reference.stochastic_round_bf16`
+    is the same function); float32 tables ignore it. SEED_LO / SEED_HI: the low and high 16
+    bits of the uint32 rounding seed, each an integer stored exactly as a float32.
+    """
 
     LR = 0
     EPS = 1
     B1 = 2
     B2 = 3
+    ROUNDING = 4
+    SEED_LO = 5
+    SEED_HI = 6
 
 
 HPARAM_COUNT = len(Hparam)

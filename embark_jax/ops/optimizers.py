@@ -6,6 +6,12 @@ only the given rows. `slot_shapes(vocab, dim)` declares the slots, so memory est
 the optimizer instead of branching on its type; `slot_footprint` is the same as two numbers.
 The fused kernel behind `embark_jax.ops.sparse_update` implements the same math; `kernel_id`
 and `hparams` speak its ABI (`embark_jax.ops.abi`).
+
+Rounding of bfloat16 tables: the math is float32; an updated element of a bfloat16 table is
+stored to nearest even, or, given a `seed` (a uint32 scalar, a new one every step, e.g.
+`rounding_seed(key, step)`), stochastically (`reference.stochastic_round_bf16`), which keeps
+updates smaller than half a bfloat16 step on average instead of losing them. float32 tables
+are stored exactly either way.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from embark_jax.ops import abi
+from embark_jax.ops import abi, reference
 
 __all__ = [
     "SGD",
@@ -32,6 +38,8 @@ __all__ = [
     "SGDState",
     "SparseOptimizer",
     "pack_hparams",
+    "rounding_seed",
+    "with_rounding_seed",
 ]
 
 
@@ -59,6 +67,37 @@ def _gather(x: jax.Array, rows: jax.Array, valid: jax.Array) -> jax.Array:
 
 def _scatter(x: jax.Array, rows: jax.Array, valid: jax.Array, values: jax.Array) -> jax.Array:
     return x.at[jnp.where(valid, rows, x.shape[0])].set(values.astype(x.dtype), mode="drop")
+
+
+def _stored(table: jax.Array, rows: jax.Array, values: jax.Array, seed) -> jax.Array:
+    """Updated rows in the table's dtype, rounded as the kernels round them."""
+    if seed is not None and table.dtype == jnp.bfloat16:
+        return reference.stochastic_round_bf16(values, seed, rows)
+    return values.astype(table.dtype)
+
+
+def with_rounding_seed(hparams: jax.Array, seed: jax.Array | int) -> jax.Array:
+    """`hparams` asking the kernels for stochastic rounding of bfloat16 tables with the
+    uint32 `seed` (split into two exact float32 halves, `abi.Hparam.SEED_LO` / `SEED_HI`)."""
+    seed = jnp.asarray(seed).astype(jnp.uint32)
+    lo = (seed & jnp.uint32(0xFFFF)).astype(jnp.float32)
+    hi = (seed >> 16).astype(jnp.float32)
+    hp = hparams.at[abi.Hparam.ROUNDING].set(1.0)
+    return hp.at[abi.Hparam.SEED_LO].set(lo).at[abi.Hparam.SEED_HI].set(hi)
+
+
+def rounding_seed(key: jax.Array, step: jax.Array | int) -> jax.Array:
+    """`[]` uint32: the stochastic-rounding seed of update `step` under `key` (any uint32
+    words, e.g. raw PRNG key data; a typed PRNG key is read through its key data). A hash,
+    so every step gets fresh rounding bits, reproducibly: the same key and step give the
+    same seed on every device and after a checkpoint restore."""
+    key = jnp.asarray(key)
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    h = reference.mix32(jnp.asarray(step).astype(jnp.uint32) ^ jnp.uint32(0x85EBCA6B))
+    for word in jnp.ravel(key).astype(jnp.uint32):
+        h = reference.mix32(h ^ word)
+    return h
 
 
 def pack_hparams(**values) -> jax.Array:
@@ -140,13 +179,15 @@ class SparseOptimizer(abc.ABC):
         n = sum(1 for x in state if x.ndim > 0)
         return self._with_slots(state, (a, b)[:n])
 
-    def update(self, table, state, rows, grads):
-        """Reference update of the unique `rows` with `grads` [C, D] (float32)."""
+    def update(self, table, state, rows, grads, *, seed=None):
+        """Reference update of the unique `rows` with `grads` [C, D] (float32). With a `seed`
+        (uint32), a bfloat16 table's updated elements round stochastically, bit for bit as
+        the kernels round them; without, to nearest even."""
         valid = (rows >= 0) & (rows < table.shape[0])
         w = _gather(table, rows, valid).astype(jnp.float32)
         slots = tuple(_gather(s, rows, valid) for s in state if s.ndim > 0)
         new_w, new_slots = self._rows_update(w, slots, grads.astype(jnp.float32), state)
-        table = _scatter(table, rows, valid, new_w)
+        table = _scatter(table, rows, valid, _stored(table, rows, new_w, seed))
         full = [s for s in state if s.ndim > 0]
         full = [_scatter(f, rows, valid, n) for f, n in zip(full, new_slots, strict=True)]
         return table, self._with_slots(state, full)
@@ -239,10 +280,15 @@ class Adam(SparseOptimizer):
         return pack_hparams(lr=lr_t, eps=eps_t, b1=self.b1, b2=self.b2)
 
     def _rows_update(self, w, slots, g, state):
-        m = self.b1 * slots[0] + (1 - self.b1) * g
-        v = self.b2 * slots[1] + (1 - self.b2) * g * g
-        c1, c2 = self._corrections(state)
-        return w - self.learning_rate * (m / c1) / (jnp.sqrt(v / c2) + self.eps), (m, v)
+        # lr (m / c1) / (sqrt(v / c2) + eps), in float32 with the corrections folded into lr
+        # and eps as in the kernels' hparams, so both compute the same float32 values
+        hp = self.hparams(state)
+        lr_t, eps_t, b1, b2 = (
+            hp[h] for h in (abi.Hparam.LR, abi.Hparam.EPS, abi.Hparam.B1, abi.Hparam.B2)
+        )
+        m = b1 * slots[0] + (1.0 - b1) * g
+        v = b2 * slots[1] + (1.0 - b2) * g * g
+        return w - lr_t * m / (jnp.sqrt(v) + eps_t), (m, v)
 
     def _with_slots(self, state, slots):
         return AdamState(slots[0], slots[1], state.count + 1)

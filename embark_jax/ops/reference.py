@@ -14,7 +14,15 @@ import jax.numpy as jnp
 
 from embark_jax.core.specs import Combiner
 
-__all__ = ["lookup_pool", "pool_denominator", "segment_sum", "unique"]
+__all__ = [
+    "lookup_pool",
+    "mix32",
+    "pool_denominator",
+    "rounding_bits",
+    "segment_sum",
+    "stochastic_round_bf16",
+    "unique",
+]
 
 
 def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int) -> jax.Array:
@@ -114,3 +122,42 @@ def unique(ids: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array, jax.Arr
     inverse = jnp.zeros((n,), jnp.int32).at[order].set(slot_sorted)
     counts = segment_sum(jnp.ones((n,), jnp.int32), slot_sorted, capacity)
     return unique_ids, inverse, counts, num_unique
+
+
+def mix32(x: jax.Array) -> jax.Array:
+    """A 32-bit integer hash (Wellons' "lowbias32", `abi::Mix32`), elementwise on uint32."""
+    x = jnp.asarray(x).astype(jnp.uint32)
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * jnp.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def rounding_bits(seed: jax.Array, rows: jax.Array, dim: int) -> jax.Array:
+    """`[C, dim]` uint32: the random bits of element `(rows[c], j)` under `seed` (a uint32
+    scalar), a counter-based hash of (seed, row, column) (`abi::RowKey`, `abi::ElementBits`):
+    independent of how the work is split, so kernels and this reference agree bit for bit."""
+    rows = jnp.asarray(rows)
+    lo = rows.astype(jnp.uint32)
+    if rows.dtype.itemsize == 8:
+        hi = (rows >> 32).astype(jnp.uint32)
+    else:  # an int32 row's upper word: its sign extension
+        hi = jnp.where(rows < 0, jnp.uint32(0xFFFFFFFF), jnp.uint32(0))
+    h = mix32(jnp.asarray(seed).astype(jnp.uint32) ^ jnp.uint32(0x9E3779B9))
+    h = mix32(mix32(h ^ lo) ^ hi)
+    return mix32(h[:, None] ^ jnp.arange(dim, dtype=jnp.uint32)[None, :])
+
+
+def stochastic_round_bf16(values: jax.Array, seed: jax.Array, rows: jax.Array) -> jax.Array:
+    """`values` `[C, D]` (float32) stored as bfloat16 with stochastic rounding: the upper 16
+    of `rounding_bits(seed, rows, D)` are added below the bfloat16 mantissa and the low 16
+    bits dropped (`abi::StochasticBf16`). A value between two bfloat16 numbers becomes the
+    upper one (in magnitude) with probability equal to its distance from the lower one in
+    units of their gap, so the expected stored value is the value itself: small updates
+    are kept on average instead of being rounded away. NaN stays NaN."""
+    x = jnp.asarray(values, jnp.float32)
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    r = rounding_bits(seed, rows, x.shape[1]) >> 16
+    out = jax.lax.bitcast_convert_type(((bits + r) >> 16).astype(jnp.uint16), jnp.bfloat16)
+    return jnp.where(jnp.isnan(x), x.astype(jnp.bfloat16), out)

@@ -11,7 +11,7 @@ from embark_jax.core.specs import Combiner
 from embark_jax.ops import _ffi, reference
 from embark_jax.ops.backend import Backend, resolve
 from embark_jax.ops.lookup import id_scale, lookup_pool_backward
-from embark_jax.ops.optimizers import SparseOptimizer
+from embark_jax.ops.optimizers import SparseOptimizer, with_rounding_seed
 
 __all__ = ["lookup_pool_backward_update", "merge_duplicate_rows", "sparse_update"]
 
@@ -40,6 +40,7 @@ def sparse_update(
     optimizer: SparseOptimizer,
     *,
     assume_unique: bool = False,
+    seed: jax.Array | int | None = None,
     backend: Backend | str | None = None,
 ) -> tuple[jax.Array, Any]:
     """Applies `optimizer` to the given rows only; returns the new `(table, state)`.
@@ -49,6 +50,10 @@ def sparse_update(
       rows: `[C]` int32/int64 row ids; -1 (and any id outside [0, V)) is padding.
       grads: `[C, D]` gradient of each row.
       assume_unique: skip merging duplicate rows (true for `lookup_pool_backward` output).
+      seed: uint32 scalar; given, a bfloat16 table's updated elements are rounded
+        stochastically with bits hashed from (seed, row, column), the same on every backend
+        (`reference.stochastic_round_bf16`); None: to nearest even. Pass a new seed every
+        step (`optimizers.rounding_seed`). float32 tables ignore it.
 
     With the FFI backend the update is in place when the caller donates `table` and the
     state (`jax.jit(..., donate_argnums=...)`): the kernel's outputs alias its inputs.
@@ -62,12 +67,17 @@ def sparse_update(
     if not assume_unique:
         rows, grads = merge_duplicate_rows(rows, grads, backend=backend)
     if resolve(backend) is Backend.REFERENCE:
-        return optimizer.update(table, state, rows, grads)
+        return optimizer.update(table, state, rows, grads, seed=seed)
     slot_a, slot_b = optimizer.kernel_slots(table, state)
     new_table, a, b = _ffi.sparse_update(
-        table, slot_a, slot_b, rows, grads, optimizer.hparams(state), optimizer.kernel_id
+        table, slot_a, slot_b, rows, grads, _hparams(optimizer, state, seed), optimizer.kernel_id
     )
     return new_table, optimizer.from_kernel_slots(state, a, b)
+
+
+def _hparams(optimizer: SparseOptimizer, state: Any, seed) -> jax.Array:
+    hp = optimizer.hparams(state)
+    return hp if seed is None else with_rounding_seed(hp, seed)
 
 
 def lookup_pool_backward_update(
@@ -80,13 +90,15 @@ def lookup_pool_backward_update(
     *,
     optimizer: SparseOptimizer,
     combiner: Combiner | str = Combiner.SUM,
+    seed: jax.Array | int | None = None,
     backend: Backend | str | None = None,
 ) -> tuple[jax.Array, Any, jax.Array]:
     """Backward of `lookup_pool` fused with the optimizer (FBGEMM's fused backward).
 
     Equivalent to `lookup_pool_backward` followed by `sparse_update`, but each distinct row's
     gradient is reduced and applied at once, with no `[C, D]` gradient buffer and no capacity
-    (nothing can overflow). Ids >= the table's rows are padding, as in the forward.
+    (nothing can overflow). Ids >= the table's rows are padding, as in the forward. `seed`:
+    stochastic rounding of a bfloat16 table, as in `sparse_update`.
 
     Returns `(table, state, num_unique_rows)`; in place when `table`/`state` are donated.
     """
@@ -112,7 +124,7 @@ def lookup_pool_backward_update(
             vocab_size=vocab,
             backend=backend,
         )
-        table, state = optimizer.update(table, state, rows, row_grads)
+        table, state = optimizer.update(table, state, rows, row_grads, seed=seed)
         return table, state, jnp.sum((rows >= 0).astype(jnp.int32))
     slot_a, slot_b = optimizer.kernel_slots(table, state)
     new_table, a, b, num_unique = _ffi.sparse_grad_update(
@@ -123,7 +135,7 @@ def lookup_pool_backward_update(
         ids,
         segment_ids,
         scale,
-        optimizer.hparams(state),
+        _hparams(optimizer, state, seed),
         optimizer.kernel_id,
         per_id,
     )

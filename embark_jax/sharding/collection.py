@@ -25,7 +25,7 @@ from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.plan import Plan
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import SparseFeatures
-from embark_jax.ops.optimizers import SparseOptimizer
+from embark_jax.ops.optimizers import SparseOptimizer, rounding_seed
 from embark_jax.sharding.bounds import bounds_check
 from embark_jax.sharding.checks import (
     CapacityOverflowError,
@@ -75,6 +75,11 @@ class EmbeddingTable(nnx.Param):
 
 class EmbeddingOptState(nnx.Variable):
     """Sparse optimizer slots of one stacked buffer (leading device axis)."""
+
+
+class RoundingCounter(nnx.Variable):
+    """uint32 `[key words..., updates applied]`: the stochastic-rounding seed of the next
+    `apply_gradients` is `rounding_seed(key words, updates applied)`."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -161,25 +166,40 @@ def apply_gradients_fn(
     output_grads,
     optimizers: Mapping[str, SparseOptimizer],
     batch_like: SparseFeatures,
+    seed: jax.Array | None = None,
 ):
     """Functional two-phase backward: returns the updated `(buffers, states)`.
 
-    `optimizers` maps each group (buffer) name to its sparse optimizer."""
+    `optimizers` maps each group (buffer) name to its sparse optimizer. `seed` (uint32
+    scalar, a new one every step: `optimizers.rounding_seed(key, step)`) drives the
+    stochastic rounding of bfloat16 tables with `stochastic_rounding`; it is required when
+    there are such tables."""
     clusters = _clusters_for(lowered, batch_like, options)
     spec = lowered.spec
+    stochastic = [g.name for g in lowered.groups if g.stochastic_rounding]
+    if seed is None and stochastic:
+        raise ValueError(
+            f"apply_gradients_fn: groups {stochastic} round bfloat16 updates stochastically "
+            "(TableConfig.stochastic_rounding) and need a new seed every step: pass "
+            "seed=rounding_seed(key, step)"
+        )
+    seed = jnp.zeros((), jnp.uint32) if seed is None else jnp.asarray(seed).astype(jnp.uint32)
 
-    def body(bufs, sts, res, grads):
+    def body(bufs, sts, res, grads, seed):
         new_b, new_s = {}, {}
         for gname, cl in clusters.items():
             local_state = jax.tree.map(lambda x: x[0], sts[gname])
             r = jax.tree.map(lambda x: x[0], res[gname])
-            b, s = cl.backward_update(bufs[gname][0], local_state, r, grads, optimizers[gname])
+            b, s = cl.backward_update(
+                bufs[gname][0], local_state, r, grads, optimizers[gname], seed
+            )
             new_b[gname] = b[None]
             new_s[gname] = jax.tree.map(lambda x: x[None], s)
         return new_b, new_s
 
-    run = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec, spec), out_specs=(spec, spec))
-    return run(dict(buffers), dict(states), residuals, dict(output_grads))
+    in_specs = (spec, spec, spec, spec, P())
+    run = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=(spec, spec))
+    return run(dict(buffers), dict(states), residuals, dict(output_grads), seed)
 
 
 @functools.lru_cache(maxsize=32)
@@ -194,18 +214,10 @@ def _jit_apply(
     options: RuntimeOptions,
     optimizers: tuple[tuple[str, SparseOptimizer], ...],
 ):
-    def run(buffers, states, residuals, output_grads, batch_like):
-        return apply_gradients_fn(
-            lowered,
-            mesh,
-            options,
-            buffers,
-            states,
-            residuals,
-            output_grads,
-            dict(optimizers),
-            batch_like,
-        )
+    def run(buffers, states, residuals, output_grads, batch_like, rounding):
+        seed = rounding_seed(rounding[:-1], rounding[-1])
+        args = (buffers, states, residuals, output_grads, dict(optimizers), batch_like, seed)
+        return apply_gradients_fn(lowered, mesh, options, *args)
 
     # The tables and slots are donated: the fused kernels update them in place.
     return jax.jit(run, donate_argnums=(0, 1))
@@ -279,6 +291,9 @@ class EmbeddingCollection(nnx.Module):
                 for g in self.lowered.groups
             }
         )
+        # the key words come from the tables' key (no draw from `rngs`), the counter from 0
+        words = jax.random.key_data(jax.random.fold_in(key, 0x5352)).ravel()
+        self.rounding = RoundingCounter(jnp.append(words, 0).astype(jnp.uint32))
         self.opt_state = nnx.Dict({})
         if optimizer is not None:
             self._init_states()
@@ -345,16 +360,20 @@ class EmbeddingCollection(nnx.Module):
         batch: SparseFeatures,
     ) -> None:
         """Routes `output_grads` (per feature, shaped like the outputs) to the owners and
-        applies the fused sparse optimizer(s) in place."""
+        applies the fused sparse optimizer(s) in place. bfloat16 tables with
+        `stochastic_rounding` get a new rounding seed each call (`RoundingCounter`)."""
         opts = self.optimizers
         if len(opts) != len(self.lowered.groups):
             raise ValueError(
                 "this collection has no sparse optimizer: give one at construction "
                 "or call reset_optimizer"
             )
+        rounding = self.rounding.get_value()
+        state = (self.buffer_values(), self.state_values(), result.residuals, dict(output_grads))
         new_b, new_s = _jit_apply(
             self.lowered, self.mesh, self.options, tuple(sorted(opts.items()))
-        )(self.buffer_values(), self.state_values(), result.residuals, dict(output_grads), batch)
+        )(*state, batch, rounding)
+        self.rounding.set_value(rounding.at[-1].add(1))
         for k in new_b:
             self.buffers[k].set_value(new_b[k])
             self.opt_state[k].set_value(new_s[k])

@@ -41,7 +41,8 @@ class Shard:
 
 @dataclasses.dataclass(frozen=True)
 class Group:
-    """One stacked buffer: all shards of one (cluster, width, dtype)."""
+    """One stacked buffer: all shards of one (cluster, width, dtype, optimizer), bfloat16
+    tables that round to nearest apart from those that round stochastically."""
 
     name: str
     cluster: Cluster
@@ -51,6 +52,8 @@ class Group:
     tables: tuple[str, ...]
     shards: tuple[Shard, ...]
     optimizer: SparseOptimizer | None = None  # per-table optimizers: one per group
+    # bfloat16 tables with `TableConfig.stochastic_rounding`: updates round stochastically
+    stochastic_rounding: bool = False
 
     def shard(self, table: str, k: int, j: int) -> Shard:
         for s in self.shards:
@@ -204,10 +207,13 @@ def lower(
         opt = None if optimizers is None else optimizers[tp.name]
         if opt not in opts:
             opts.append(opt)
-        key = (tp.cluster.value, width, str(jnp.dtype(t.dtype)), opts.index(opt))
+        dtype = str(jnp.dtype(t.dtype))
+        # a bfloat16 table rounding to nearest is not stacked with stochastic ones
+        nearest = dtype == "bfloat16" and not t.rounds_stochastically
+        key = (tp.cluster.value, width, dtype, nearest, opts.index(opt))
         keyed.setdefault(key, []).append(tp.name)
     groups = []
-    for (cluster_v, width, dtype, opt_idx), names in sorted(keyed.items()):
+    for (cluster_v, width, dtype, nearest, opt_idx), names in sorted(keyed.items()):
         cluster = Cluster(cluster_v)
         used = [0] * g_count
         shards = []
@@ -219,7 +225,7 @@ def lower(
                 col_start = layout.columns(k).start
                 shards.append(Shard(name, k, j, dev, rows, used[dev], col_start, width))
                 used[dev] += rows
-        suffix = f"_opt{opt_idx}" if len(opts) > 1 else ""
+        suffix = ("_nearest" if nearest else "") + (f"_opt{opt_idx}" if len(opts) > 1 else "")
         groups.append(
             Group(
                 name=f"{cluster.value}_w{width}_{dtype}{suffix}",
@@ -230,6 +236,7 @@ def lower(
                 tables=tuple(names),
                 shards=tuple(shards),
                 optimizer=opts[opt_idx],
+                stochastic_rounding=dtype == "bfloat16" and not nearest,
             )
         )
     return Lowered(plan=plan, config=config, groups=tuple(groups))

@@ -3,7 +3,8 @@
 One step (docs/design.md §8): the embedding lookup under `shard_map` (routing residuals
 kept), the dense model's loss and its gradients with respect to the dense parameters and the
 embedding outputs, the dense optax update, and the two-phase embedding update (output
-gradients routed to the owners, fused sparse optimizer, in place when the state is donated).
+gradients routed to the owners, fused sparse optimizer, in place when the state is donated;
+bfloat16 tables round stochastically with the seed `rounding_seed(state.rng, state.step)`).
 No dense `[V, d]` gradient is built for sharded tables. The same code runs on one process or
 many: the batch is a global array sharded by sample.
 
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from embark_jax.data.batch import Batch
+from embark_jax.ops.optimizers import rounding_seed
 from embark_jax.sharding.collection import apply_gradients_fn, lookup_fn
 from embark_jax.training.state import TrainSetup, TrainState
 
@@ -85,6 +87,7 @@ def train_step(
         g_emb,
         setup.optimizers,
         batch.sparse,
+        seed=rounding_seed(state.rng, state.step),  # bfloat16 stochastic rounding
     )
     new = state.replace(
         step=state.step + 1, dense_params=params, dense_opt=dense_opt, tables=tables, slots=slots

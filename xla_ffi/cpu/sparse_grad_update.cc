@@ -2,7 +2,8 @@
 // ids, reduce each unique row's gradient in a worker-local buffer and apply the optimizer to
 // that row at once. No [C, D] gradient buffer is written or read back; the table and slots
 // are updated in place (outputs alias inputs). Every distinct row is applied: there is no
-// capacity to overflow. num_unique returns how many rows were touched.
+// capacity to overflow. num_unique returns how many rows were touched. bfloat16 tables are
+// rounded as in sparse_update (cpu_optim.h: to nearest, or stochastically per the hparams).
 #include <vector>
 
 #include "cpu_grad.h"

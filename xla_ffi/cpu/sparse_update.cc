@@ -7,10 +7,12 @@
 //   optimizer 3 Adam (lazy):      m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 //                                 w -= lr_t * m / (sqrt(v) + eps_t)
 //
-// The optimizer ids and the hparams layout ([lr, eps, b1, b2], Adam's bias corrections folded
-// into lr and eps by the caller) are the ABI's (embark_abi.h). Rows < 0 or >= V are padding
-// and skipped. Rows must be unique (the Python op merges duplicates first unless told they
-// are unique): workers own disjoint row ranges.
+// The optimizer ids and the hparams layout ([lr, eps, b1, b2, rounding, seed_lo, seed_hi],
+// Adam's bias corrections folded into lr and eps by the caller) are the ABI's (embark_abi.h).
+// A bfloat16 table is rounded to nearest even, or stochastically with rounding = 1 (bits
+// hashed from the seed, row and column: the result does not depend on the threads). Rows < 0
+// or >= V are padding and skipped. Rows must be unique (the Python op merges duplicates first
+// unless told they are unique): workers own disjoint row ranges.
 #include "cpu_optim.h"
 #include "embark_dispatch.h"
 #include "embark_ffi.h"

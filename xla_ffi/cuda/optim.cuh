@@ -1,5 +1,6 @@
 // The sparse optimizers' per-element math on the GPU (same formulas as cpu_optim.h). The
-// optimizer ids, slot layout and hparams layout are the ABI's (embark_abi.h).
+// optimizer ids, slot layout and hparams layout are the ABI's (embark_abi.h), and so is the
+// stochastic rounding of bfloat16 tables (abi::StochasticBf16: the same bits as on the CPU).
 #pragma once
 
 #include "common.cuh"
@@ -23,6 +24,25 @@ __device__ __forceinline__ float RowWiseStep(float* acc, int64_t r, float partia
     step = h.lr / (sqrtf(a) + h.eps);
   }
   return __shfl_sync(0xffffffffu, step, 0);
+}
+
+// Stores the updated value w as element e = (r, j) of the table: float32 exactly; bfloat16 to
+// nearest even, or stochastically with the bits hashed from (seed, r, j) when h.stochastic.
+template <typename T>
+__device__ __forceinline__ void StoreUpdated(T* table, int64_t e, int64_t, int64_t, float w,
+                                             const Hparams&) {
+  DevElem<T>::Store(table, e, w);
+}
+template <>
+__device__ __forceinline__ void StoreUpdated<__nv_bfloat16>(__nv_bfloat16* table, int64_t e,
+                                                            int64_t r, int64_t j, float w,
+                                                            const Hparams& h) {
+  if (!h.stochastic) {
+    DevElem<__nv_bfloat16>::Store(table, e, w);
+    return;
+  }
+  const uint32_t bits = abi::ElementBits(abi::RowKey(h.seed, r), j);
+  table[e] = __ushort_as_bfloat16(abi::StochasticBf16(__float_as_uint(w), bits));
 }
 
 // Applies the optimizer to element (r, j) with gradient g; rowwise_step is used by
@@ -55,7 +75,7 @@ __device__ __forceinline__ void ApplyElem(Optimizer opt, T* table, float* sa, fl
       break;
     }
   }
-  DevElem<T>::Store(table, e, w);
+  StoreUpdated(table, e, r, j, w, h);
 }
 
 }  // namespace embark

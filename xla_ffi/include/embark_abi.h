@@ -41,12 +41,18 @@
 
 // Layout of the float32 `hparams` operand of the optimizer kernels: X(NAME, index). Adam's
 // bias corrections are folded into LR and EPS by the caller; entries an optimizer does not
-// use are 0.
+// use are 0. ROUNDING says how a bfloat16 table's updated elements are stored: 0 = round to
+// nearest even, 1 = stochastically, with the random bits of (seed, row, column) (see
+// StochasticBf16 below); float32 tables ignore it. The uint32 seed travels as two exact
+// float32 integers, SEED_LO = seed & 0xffff and SEED_HI = seed >> 16.
 #define EMBARK_ABI_HPARAMS(X) \
   X(LR, 0)                    \
   X(EPS, 1)                   \
   X(B1, 2)                    \
-  X(B2, 3)
+  X(B2, 3)                    \
+  X(ROUNDING, 4)              \
+  X(SEED_LO, 5)               \
+  X(SEED_HI, 6)
 
 // The FFI targets: X(name, HandlerStem). The target is registered as "embark_<name>" on
 // every platform; its handlers are the symbols Embark<HandlerStem>Cpu (cpu/) and
@@ -132,12 +138,66 @@ inline int64_t SlotElements(int64_t opt, int slot, int64_t vocab, int64_t d) {
 // The hparams operand unpacked by its layout; the only place that reads it by index.
 struct Hparams {
   float lr, eps, b1, b2;
+  bool stochastic;  // ROUNDING == 1: bfloat16 tables round stochastically
+  uint32_t seed;    // the rounding seed (SEED_HI << 16 | SEED_LO)
 };
-EMBARK_HOST_DEVICE inline Hparams LoadHparams(const float* hp) {
-  return Hparams{hp[static_cast<int64_t>(Hparam::LR)], hp[static_cast<int64_t>(Hparam::EPS)],
-                 hp[static_cast<int64_t>(Hparam::B1)], hp[static_cast<int64_t>(Hparam::B2)]};
+// A 16-bit half of the seed (anything but an integer in [0, 65536) reads as 0).
+EMBARK_HOST_DEVICE inline uint32_t SeedHalf(float v) {
+  return (v >= 0.0f && v < 65536.0f) ? static_cast<uint32_t>(v) : 0u;
 }
-static_assert(kNumHparams == 4, "update Hparams/LoadHparams with the hparam list");
+EMBARK_HOST_DEVICE inline Hparams LoadHparams(const float* hp) {
+  const uint32_t lo = SeedHalf(hp[static_cast<int64_t>(Hparam::SEED_LO)]);
+  const uint32_t hi = SeedHalf(hp[static_cast<int64_t>(Hparam::SEED_HI)]);
+  return Hparams{hp[static_cast<int64_t>(Hparam::LR)],
+                 hp[static_cast<int64_t>(Hparam::EPS)],
+                 hp[static_cast<int64_t>(Hparam::B1)],
+                 hp[static_cast<int64_t>(Hparam::B2)],
+                 hp[static_cast<int64_t>(Hparam::ROUNDING)] != 0.0f,
+                 (hi << 16) | lo};
+}
+static_assert(kNumHparams == 7, "update Hparams/LoadHparams with the hparam list");
+
+// Stochastic rounding of bfloat16 table writes (ROUNDING == 1), as FBGEMM's
+// stochastic_rounding: a float32 value is stored as the bfloat16 just below or just above it
+// (in magnitude), the upper one with probability equal to the fraction of the bfloat16 step
+// it lies above the lower one, so the stored value is unbiased: E[stored] = value. The
+// random bits come from a counter-based hash of (seed, row, column), so a result depends on
+// the seed and the element only, never on threads, warps or the order of the rows. Mirrored
+// bit for bit by embark_jax/ops/reference.py (`stochastic_round_bf16`).
+
+// A 32-bit integer hash (Wellons' "lowbias32"): a bijection with full avalanche.
+EMBARK_HOST_DEVICE inline uint32_t Mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// The per-row part of the hash (computed once per row of the buffer the kernel updates).
+EMBARK_HOST_DEVICE inline uint32_t RowKey(uint32_t seed, int64_t row) {
+  const uint64_t r = static_cast<uint64_t>(row);
+  uint32_t h = Mix32(seed ^ 0x9e3779b9u);
+  h = Mix32(h ^ static_cast<uint32_t>(r));
+  return Mix32(h ^ static_cast<uint32_t>(r >> 32));
+}
+
+// 32 random bits for column `col` of the row whose key is `row_key`.
+EMBARK_HOST_DEVICE inline uint32_t ElementBits(uint32_t row_key, int64_t col) {
+  return Mix32(row_key ^ static_cast<uint32_t>(col));
+}
+
+// The bfloat16 bits of the float32 with bits `f32_bits`, rounded stochastically with
+// `random`: its upper 16 bits are added below the bfloat16 mantissa, then the low 16 bits
+// are dropped. Infinities stay infinite, values just below the largest bfloat16 may round
+// to infinity as with round to nearest, NaN stays a (quiet) NaN.
+EMBARK_HOST_DEVICE inline uint16_t StochasticBf16(uint32_t f32_bits, uint32_t random) {
+  if ((f32_bits & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((f32_bits >> 16) | 0x40u);
+  }
+  return static_cast<uint16_t>((f32_bits + (random >> 16)) >> 16);
+}
 
 }  // namespace abi
 }  // namespace embark

@@ -7,7 +7,8 @@ A cluster runs per device inside `shard_map` over all mesh axes:
                                   arrays, a pytree), overflow per table
   owner(buffer, residuals)     -> what this device computes from its shards (differentiable)
   combine(owner_out, res)      -> per-feature outputs; includes the collectives; linear
-  update(buffer, state, res, g_owner, optimizer) -> the owner's fused sparse update
+  update(buffer, state, res, g_owner, optimizer, seed) -> the owner's fused sparse update
+                               (seed: stochastic rounding of a bfloat16 group, or None)
 
 The forward is `combine(owner(buffer))`; `jax.grad` flows through it. The two-phase
 backward maps output gradients to `g_owner` with the VJP of the linear `combine` and hands
@@ -134,7 +135,7 @@ class ClusterBase:
     def combine(self, owner_out: Any, res: Any) -> dict[str, jax.Array]:
         raise NotImplementedError
 
-    def update(self, buffer, state, res, g_owner, optimizer: SparseOptimizer):
+    def update(self, buffer, state, res, g_owner, optimizer: SparseOptimizer, seed=None):
         raise NotImplementedError
 
     def owner_out_zeros(self, buffer: jax.Array, res: Any) -> Any:
@@ -153,19 +154,26 @@ class ClusterBase:
         res, overflow = self.route(batch)
         return self.combine(self.owner(buffer, res), res), res, overflow
 
-    def backward_update(self, buffer, state, res, output_grads, optimizer: SparseOptimizer):
+    def backward_update(
+        self, buffer, state, res, output_grads, optimizer: SparseOptimizer, seed=None
+    ):
         """Routes output gradients to the owners (VJP of the linear combine, evaluated at
-        zeros: no forward recomputation is needed) and applies the fused sparse update."""
+        zeros: no forward recomputation is needed) and applies the fused sparse update.
+        `seed` (uint32, the same on every device): stochastic rounding of the group's
+        bfloat16 tables when the group asks for it (`Group.stochastic_rounding`)."""
         zeros = self.owner_out_zeros(buffer, res)
         grads = {f.name: output_grads[f.name] for f in self.features}
         _, vjp = jax.vjp(lambda o: self.combine(o, res), zeros)
         (g_owner,) = vjp(grads)
-        return self.update(buffer, state, res, g_owner, optimizer)
+        seed = seed if self.group.stochastic_rounding else None
+        return self.update(buffer, state, res, g_owner, optimizer, seed)
 
-    def owner_sparse_update(self, buffer, state, rows, seg, weights, g, optimizer, combiner):
+    def owner_sparse_update(
+        self, buffer, state, rows, seg, weights, g, optimizer, combiner, seed=None
+    ):
         """The owner side of RB and UB: one fused backward + optimizer call over every
         request this device received (duplicates across sources are merged)."""
         table, state, _ = ops.lookup_pool_backward_update(
-            buffer, state, g, rows, seg, weights, optimizer=optimizer, combiner=combiner
+            buffer, state, g, rows, seg, weights, optimizer=optimizer, combiner=combiner, seed=seed
         )
         return table, state

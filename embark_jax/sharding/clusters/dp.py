@@ -2,7 +2,8 @@
 exchanges gradients by whichever moves fewer bytes, a dense all-reduce of the `[V, d]`
 gradient (small tables) or an all-gather of every device's per-id gradients (large ones),
 and applies the same update of the touched rows on every replica, so replicas stay
-identical and lazy optimizers stay lazy."""
+identical and lazy optimizers stay lazy (stochastic rounding too: its bits depend on the
+step's seed, the row and the column only, never on the device)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class DPCluster(ClusterBase):
     def combine(self, owner_out, res):
         return dict(owner_out)
 
-    def update(self, buffer, state, res, g_owner, optimizer):
+    def update(self, buffer, state, res, g_owner, optimizer, seed=None):
         rows, grads = [], []
         for f in self.features:
             f_rows = res.rows[f.name]
@@ -74,9 +75,11 @@ class DPCluster(ClusterBase):
             ones = jnp.ones(rows.shape, jnp.float32)
             touched = jax.lax.psum(ops.segment_sum(ones, rows, vocab), self.axis_names)
             rows_all = jnp.where(touched > 0, jnp.arange(vocab, dtype=jnp.int32), -1)
-            return ops.sparse_update(buffer, state, rows_all, g, optimizer, assume_unique=True)
+            return ops.sparse_update(
+                buffer, state, rows_all, g, optimizer, assume_unique=True, seed=seed
+            )
         rows = jax.lax.all_gather(rows, self.axis_names, tiled=True)
         grads = jax.lax.all_gather(grads, self.axis_names, tiled=True)
         return self.owner_sparse_update(
-            buffer, state, rows, None, None, grads, optimizer, Combiner.NONE
+            buffer, state, rows, None, None, grads, optimizer, Combiner.NONE, seed
         )

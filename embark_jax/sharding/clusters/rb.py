@@ -180,8 +180,8 @@ class RBCluster(ClusterBase):
 
     # --- owner update ------------------------------------------------------------------
 
-    def update(self, buffer, state, res, g_owner, optimizer):
+    def update(self, buffer, state, res, g_owner, optimizer, seed=None):
         g = g_owner.reshape(-1, self.width)
         return self.owner_sparse_update(
-            buffer, state, res.rows, res.seg, res.w, g, optimizer, Combiner.SUM
+            buffer, state, res.rows, res.seg, res.w, g, optimizer, Combiner.SUM, seed
         )

@@ -120,8 +120,8 @@ class UBCluster(ClusterBase):
                 out[f.name] = y.reshape(self.output_shape(f))
         return out
 
-    def update(self, buffer, state, res, g_owner, optimizer):
+    def update(self, buffer, state, res, g_owner, optimizer, seed=None):
         g = g_owner.reshape(-1, self.width)
         return self.owner_sparse_update(
-            buffer, state, res.rows, None, None, g, optimizer, Combiner.NONE
+            buffer, state, res.rows, None, None, g, optimizer, Combiner.NONE, seed
         )
