@@ -131,8 +131,10 @@ def test_bound_never_beaten_by_exhaustive_search(case):
     b = lower_bound(p)
     assert math.isfinite(best)
     assert b.step_s <= best * (1 + 1e-9), (b, best, picks)
-    # and not vacuous: on these models the best plan's embedding time is within 5% of it
-    assert best - b.dense_s <= 1.05 * b.embedding_s
+    # and not vacuous: on these models the best plan's embedding time is within 20% of it
+    # (5% before buckets were priced padded: at these tiny batches, b H <= 40 slots, the
+    # fair-share relaxation of long row ranges is what is left of the gap)
+    assert best - b.dense_s <= 1.2 * b.embedding_s
     if cap == math.inf:  # the planner's own plan is never faster than the optimum
         ev = plan(p.model, p.batch, p.hw, memory_fraction=None)
         assert b.step_s <= best <= ev.step_s * (1 + 1e-9)
@@ -212,13 +214,13 @@ def test_row_ranges_rely_on_monotone_costs(nodes, per_node):
             for c in (1, 2, 4):
                 rows = range(1, min(g // c, t.vocab_size) + 1)
                 opts = [Option(base.cluster, r, c) for r in rows]
-                ds = [table_seconds(p, t, o, best_in_node=True) for o in opts]
+                ds = [table_seconds(p, t, o, best_in_node=True, ideal=True) for o in opts]
                 uni = [sum(C.seconds(requester_cost(p, t, o), p.hw)) for o in opts]
                 sh = [
-                    sum(C.seconds(shard_cost(p, t, o, min(o.row_shards, local)), p.hw))
+                    sum(C.seconds(shard_cost(p, t, o, min(o.row_shards, local), True), p.hw))
                     for o in opts
                 ]
-                mem = [shard_cost(p, t, o, min(o.row_shards, local)).memory for o in opts]
+                mem = [shard_cost(p, t, o, min(o.row_shards, local), True).memory for o in opts]
                 for seq, sign in ((ds, 1), (uni, 1), (sh, -1), (mem, -1)):
                     diffs = sign * np.diff(seq)
                     assert (diffs >= -1e-12 * max(seq)).all(), (t.name, base, c, seq)
@@ -319,12 +321,13 @@ def test_paper_setups_within_1_2x_of_the_bound():
 # --- the search on its own (issue 17 item 4) --------------------------------------------------
 
 # predicted speedup of the search's own plan (no baseline fallback) over each baseline that
-# fits, from the cost model: pinned so that a search that got worse fails
+# fits, from the cost model: pinned so that a search that got worse fails (re-pinned when
+# the model priced padded buckets and link bytes without the own slice: 2-9% lower)
 SEARCH_WINS = {
-    ("dcnv2", 1): {"tw": 1.6909, "rw": 2.3114, "trw": 2.3114},
-    ("dcnv2", 8): {"tw": 5.0621, "rw": 8.7624, "trw": 1.8390},
-    ("dcnv2", 16): {"tw": 7.5670, "rw": 13.1926, "trw": 2.1281},
-    ("t180", 1): {"rw": 1.5867, "trw": 1.5867},
+    ("dcnv2", 1): {"tw": 1.6770, "rw": 2.1779, "trw": 2.1779},
+    ("dcnv2", 8): {"tw": 4.9279, "rw": 8.5405, "trw": 1.7923},
+    ("dcnv2", 16): {"tw": 6.9321, "rw": 12.1003, "trw": 1.9575},
+    ("t180", 1): {"rw": 1.5322, "trw": 1.5322},
 }
 
 

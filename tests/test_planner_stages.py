@@ -147,12 +147,13 @@ def test_choose_clusters_dp_budget_by_hand():
 
 def test_presplit_rows_by_hand():
     """One RB shard of a 1000 x 16 fp32 table holds ceil(1000 / r) rows of 64 bytes plus
-    64 / r ids x (8 + 64) bytes of buffers: 68608, 34304, 17152 bytes for r = 1, 2, 4.
-    With a cap of 80 kB (a quarter: 20 kB) the table starts with 4 row shards."""
+    receive buffers of (8 + 64) bytes per slot: 4 sources x the padded bucket of 16 slots
+    (16, 16, 13 for r = 1, 2, 4): 68608, 36608, 19744 bytes. With a cap of 80 kB (a
+    quarter: 20 kB) the table starts with 4 row shards."""
     t = table("t")
     p = problem(model(t, table("d", vocab=10)), cap=80_000.0)
     mem = [shard_cost(p, t, Option(Cluster.RB, r)).memory for r in (1, 2, 4)]
-    assert mem == [68608, 34304, 17152]
+    assert mem == [68608, 36608, 19744]
     out = presplit_rows(p, {"t": RB, "d": DP})
     assert out == {"t": Option(Cluster.RB, 4), "d": DP}
     # never more row shards than devices

@@ -83,7 +83,12 @@ def best_of_baselines(
 def evaluate(model: ModelSpec, plan_: Plan, hw: HardwareTopology) -> Evaluation:
     """Prices an existing plan (e.g. from a JSON file), without a memory cap (and with the
     lower bound without one)."""
-    options = {t.name: Option(t.cluster, t.row_shards, t.column_shards) for t in plan_.tables}
+    options = {
+        t.name: Option(
+            t.cluster, t.row_shards, t.column_shards, t.capacity_factor, t.unique_capacity
+        )
+        for t in plan_.tables
+    }
     fixed = {t.name: [list(c) for c in t.devices] for t in plan_.tables}
     p = Problem.create(model, plan_.batch_size, hw, None)
     return attach(p, place(p, options, fixed=fixed, name="given"))

@@ -69,6 +69,9 @@ class _Priced:
     memory: float  # the smallest shard's resident bytes (a DP replica's for DP)
 
 
+EXACT_RANGE = 4  # row ranges this short are priced at each of their row counts
+
+
 def row_ranges(max_rows: int) -> list[tuple[int, int]]:
     """[1, 1], [2, 3], [4, 7], ... up to `max_rows` (inclusive ranges covering 1..max)."""
     out, lo = [], 1
@@ -89,8 +92,17 @@ def _price(p: Problem, t: PlannerTable, o: Option, hi: int) -> _Priced:
         replica = shard_cost(p, t, o)
         s = _seconds(p, replica)
         return _Priced(o, 1, g * s, s, 0.0, replica.memory)
-    smallest = shard_cost(p, t, o.with_rows(hi), in_node=min(hi, local))
-    ds = table_seconds(p, t, o, best_in_node=True)
+    # short ranges: the least over their row counts, as they run; longer ones price buckets
+    # at their fair share (padded capacities are not monotone in r: binomial tails, UB's cap
+    # at a shard's rows; their fair share is, and bounds them from below)
+    if hi - o.row_shards < EXACT_RANGE:
+        opts = [o.with_rows(r) for r in range(o.row_shards, hi + 1)]
+        shards = [shard_cost(p, t, x, min(x.row_shards, local)) for x in opts]
+        ds = min(table_seconds(p, t, x, best_in_node=True) for x in opts)
+        shard_s = min(_seconds(p, c) for c in shards)
+        return _Priced(o, hi, ds, uniform, shard_s, min(c.memory for c in shards))
+    smallest = shard_cost(p, t, o.with_rows(hi), min(hi, local), ideal=True)
+    ds = table_seconds(p, t, o, best_in_node=True, ideal=True)
     return _Priced(o, hi, ds, uniform, _seconds(p, smallest), smallest.memory)
 
 

@@ -2,9 +2,15 @@
 all per step (forward plus backward) and per device, in bytes; `seconds` turns bytes into
 time on a topology. `estimate` applies them to a table's `Option`.
 
-Notation: B global batch, G devices (N nodes x L per node), h ids per sample for the table,
-d its dim, d' = d / c a column slice, r row shards, e bytes per element, u a unique ratio.
-`slots` is the optimizer's slot footprint: (float32 slots per element, per row).
+Notation: B global batch, G devices (N nodes x L per node), b = B / G, h ids per sample for
+the table, H = ceil(h) its id slots per sample, d its dim, d' = d / c a column slice, r row
+shards, e bytes per element, u a unique ratio. `slots` is the optimizer's slot footprint:
+(float32 slots per element, per row).
+
+Link bytes are what crosses links, per device and direction: a device's own slice of an
+all-to-all or all-gather never leaves it. Routed tables move padded buffers whose size is
+the bucket capacity `cap` (per source and row shard, `embark_jax.core.capacity_rule`, the
+rule the runtime sizes them with), not the ideal id count.
 """
 
 from __future__ import annotations
@@ -14,20 +20,26 @@ import math
 
 import numpy as np
 
+from embark_jax.core.capacity_rule import bucket_slots
 from embark_jax.planner.hardware import HardwareTopology
 from embark_jax.planner.model import PlannerTable
 from embark_jax.planner.types import Cost
 
 __all__ = [
     "Cost",
+    "a2a_split",
+    "allreduce_split",
     "dense_seconds",
     "dp_cost",
+    "dp_dense_gradients",
     "expected_unique",
+    "rb_bucket",
     "rb_requester_cost",
     "rb_shard_cost",
     "seconds",
     "slot_floats_per_row",
     "table_memory",
+    "ub_bucket",
     "ub_requester_cost",
     "ub_shard_cost",
     "unique_ratio",
@@ -79,13 +91,34 @@ def table_memory(rows: float, width: int, e: int, slots: tuple[int, int]) -> flo
     return rows * (width * e + 4 * slot_floats_per_row(slots, width))
 
 
-def _flat_split(nbytes: float, hw: HardwareTopology) -> tuple[float, float]:
-    """An all-to-all over every device: (G - L) / G of the bytes cross nodes."""
+def id_slots(t: PlannerTable) -> int:
+    """Id slots per sample the runtime allocates for the table's feature (its max hotness)."""
+    return max(1, math.ceil(t.hotness))
+
+
+def rb_bucket(t: PlannerTable, r: int, batch: int, hw: HardwareTopology, factor=None) -> int:
+    """Slots of one source's bucket to one RB row shard (`sharding.capacity.table_capacity`)."""
+    return bucket_slots([batch // hw.num_devices * id_slots(t)], factor, r)
+
+
+def ub_bucket(
+    t: PlannerTable, r: int, batch: int, hw: HardwareTopology, factor=None, unique=None
+) -> int:
+    """Slots of one source's bucket to one UB row shard: its dedup slots min(b H, V) (or the
+    plan's `unique_capacity`), spread over r shards, at most a shard's rows."""
+    worst = min(batch // hw.num_devices * id_slots(t), t.vocab_size)
+    cap_u = worst if unique is None else min(worst, unique)
+    return bucket_slots([cap_u], factor, r, -(-t.vocab_size // r))
+
+
+def a2a_split(per_peer: float, hw: HardwareTopology) -> tuple[float, float]:
+    """An all-to-all (or all-gather) over every device, `per_peer` bytes to or from each other
+    device: L - 1 peers share the node, G - L are on other nodes (the own slice stays)."""
     g, local = hw.num_devices, hw.devices_per_node
-    return nbytes * local / g, nbytes * (g - local) / g
+    return per_peer * (local - 1), per_peer * (g - local)
 
 
-def _allreduce_split(nbytes: float, hw: HardwareTopology) -> tuple[float, float]:
+def allreduce_split(nbytes: float, hw: HardwareTopology) -> tuple[float, float]:
     """A hierarchical (NCCL-style) all-reduce of `nbytes` per device: reduce-scatter and
     all-gather inside the node, and 1/L of the buffer per device across nodes."""
     local, n = hw.devices_per_node, hw.num_nodes
@@ -102,10 +135,15 @@ def rb_shard_cost(
     slots: tuple[int, int],
     row_shards_in_node: int = 1,
     hierarchical: bool = False,
+    cap: int | None = None,
 ) -> Cost:
-    """One RB shard: it receives B*h/r ids, pools them into one partial vector per sample
-    (B*d' bytes out, the same gradient bytes back), and updates its touched rows."""
+    """One RB shard: it receives a bucket of `cap` id slots (row and bag, int32) from every
+    source (B*h/r of them used), pools them into one partial vector per sample (b*d' bytes
+    to each requester), gets the same gradient bytes back, and updates its touched rows."""
     e, w = t.dtype_bytes, t.dim // c
+    g, local, n = hw.num_devices, hw.devices_per_node, hw.num_nodes
+    b = batch / g
+    cap = rb_bucket(t, r, batch, hw) if cap is None else cap
     n_ids = batch * t.hotness / r
     touched = expected_unique(batch * t.hotness, t.vocab_size, t.alpha) / r
     compute = (
@@ -113,43 +151,58 @@ def rb_shard_cost(
         + (batch * w * 4 + n_ids * w * 4)
         + update_bytes(touched, w, e, slots)
     )
-    ids = n_ids * 2 * ID_BYTES
-    vectors = 2 * batch * w * e  # partials forward + gradients backward
-    i_intra, i_inter = _flat_split(ids, hw)
-    if hierarchical and hw.num_nodes > 1:
-        n = hw.num_nodes
-        v_intra = vectors * (hw.devices_per_node - 1) / hw.devices_per_node
-        v_inter = vectors * (n - 1) / n / max(row_shards_in_node, 1)
+    i_intra, i_inter = a2a_split(cap * 2 * ID_BYTES, hw)
+    vec = 2 * b * w * e  # partials forward + gradients backward, per peer
+    if hierarchical and n > 1:  # in-node all-to-all of N peers' slots, then one per node
+        v_intra = vec * (local - 1) * n
+        v_inter = vec * (n - 1) * local / max(row_shards_in_node, 1)
     else:
-        v_intra, v_inter = _flat_split(vectors, hw)
+        v_intra, v_inter = a2a_split(vec, hw)
     rows = math.ceil(t.vocab_size / r)
-    mem = table_memory(rows, w, e, slots) + n_ids * (2 * ID_BYTES + w * e)  # + receive buffers
+    mem = table_memory(rows, w, e, slots) + g * cap * (2 * ID_BYTES + w * e)  # + receive buffers
     return Cost(compute, i_intra + v_intra, i_inter + v_inter, mem)
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def ub_shard_cost(
-    t: PlannerTable, r: int, c: int, batch: int, hw: HardwareTopology, slots: tuple[int, int]
+    t: PlannerTable,
+    r: int,
+    c: int,
+    batch: int,
+    hw: HardwareTopology,
+    slots: tuple[int, int],
+    cap: int | None = None,
 ) -> Cost:
-    """One UB shard: every device sends its unique ids (u * b * h) split over r shards;
-    the shard returns one vector per requested id and gets one gradient back per id."""
+    """One UB shard: every device sends a bucket of `cap` unique-id slots to it (about
+    u*b*h/r of them used); the shard returns one vector per slot and gets one gradient back
+    per slot. The padded buffers move whole, so the dedup pays off in bytes only as far as
+    the capacities are sized from data (`derive_capacities`)."""
     e, w = t.dtype_bytes, t.dim // c
-    b = batch / hw.num_devices
-    u_local = unique_ratio(t, b * t.hotness) * b * t.hotness
-    n = hw.num_devices * u_local / r
+    g = hw.num_devices
+    cap = ub_bucket(t, r, batch, hw) if cap is None else cap
+    m = g * cap  # slots received (and vectors sent back)
     touched = expected_unique(batch * t.hotness, t.vocab_size, t.alpha) / r
-    compute = 2 * n * w * e + n * w * 4 + update_bytes(touched, w, e, slots)
-    intra, inter = _flat_split(n * ID_BYTES + 2 * n * w * e, hw)
+    compute = 2 * m * w * e + m * w * 4 + update_bytes(touched, w, e, slots)
+    intra, inter = a2a_split(cap * (ID_BYTES + 2 * w * e), hw)
     rows = math.ceil(t.vocab_size / r)
-    mem = table_memory(rows, w, e, slots) + n * (ID_BYTES + w * e)  # + receive buffers
+    mem = table_memory(rows, w, e, slots) + m * (ID_BYTES + w * e)  # + receive buffers
     return Cost(compute, intra, inter, mem)
+
+
+def dp_dense_gradients(t: PlannerTable, batch: int, hw: HardwareTopology) -> bool:
+    """The runtime's `DPGradients.AUTO` rule: the dense all-reduce (gradients and touched
+    counts, 2 V (d + 1) floats) when it moves fewer bytes than the all-gather of every
+    device's id slots and gradients (G b H (d + 1))."""
+    b = batch // hw.num_devices
+    return 2 * t.vocab_size < hw.num_devices * b * id_slots(t)
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def dp_cost(t: PlannerTable, batch: int, hw: HardwareTopology, slots: tuple[int, int]) -> Cost:
     """A DP replica (on every device): local lookups of the device's b samples; gradients
-    exchanged as the cheaper of a dense all-reduce (2 V d) and an all-gather of the
-    per-id gradients (B h d); the same sparse update on every replica."""
+    exchanged as the runtime does (`dp_dense_gradients`): a dense all-reduce of the fp32
+    gradients and touched counts (V (4d + 4) bytes), or an all-gather of each device's b H
+    id slots with their fp32 gradients; the same sparse update on every replica."""
     e, d = t.dtype_bytes, t.dim
     g = hw.num_devices
     b = batch / g
@@ -160,9 +213,10 @@ def dp_cost(t: PlannerTable, batch: int, hw: HardwareTopology, slots: tuple[int,
         + b * t.hotness * d * 4
         + update_bytes(touched, d, e, slots)
     )
-    dense = _allreduce_split(t.vocab_size * (d * 4 + 4), hw)
-    sparse = _flat_split((g - 1) * b * t.hotness * (d * 4 + ID_BYTES), hw)
-    intra, inter = min(dense, sparse, key=lambda x: x[0] / hw.intra_bw + x[1] / hw.inter_bw)
+    if dp_dense_gradients(t, batch, hw):
+        intra, inter = allreduce_split(t.vocab_size * (d * 4 + 4), hw)
+    else:
+        intra, inter = a2a_split(batch // g * id_slots(t) * (d * 4 + ID_BYTES), hw)
     return Cost(compute, intra, inter, table_memory(t.vocab_size, d, e, slots))
 
 
@@ -187,5 +241,5 @@ def dense_seconds(flops_per_sample: float, params: int, batch: int, hw: Hardware
     all-reduce of its fp32 gradients."""
     b = batch / hw.num_devices
     compute = 3 * flops_per_sample * b / hw.dense_flops
-    intra, inter = _allreduce_split(params * 4, hw)
+    intra, inter = allreduce_split(params * 4, hw)
     return compute + intra / hw.intra_bw + inter / hw.inter_bw

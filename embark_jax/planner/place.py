@@ -177,6 +177,8 @@ def _evaluation(
                 row_shards=options[t.name].row_shards,
                 column_shards=options[t.name].column_shards,
                 devices=tuple(tuple(c) for c in placements[t.name]),
+                capacity_factor=options[t.name].capacity_factor,
+                unique_capacity=options[t.name].unique_capacity,
             )
             for t in p.model.tables
         ),

@@ -52,11 +52,15 @@ class PlannerError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Option:
     """One way to shard a table: its cluster, split into `row_shards` x `column_shards`
-    shards (one per device); a DP option is one replica on every device."""
+    shards (one per device); a DP option is one replica on every device. `capacity_factor`
+    and `unique_capacity`: a given plan's routing capacities (None: the runtime's default
+    sizing), which the cost model prices."""
 
     cluster: Cluster
     row_shards: int = 1
     column_shards: int = 1
+    capacity_factor: float | None = None
+    unique_capacity: int | None = None
 
     @property
     def sort_key(self) -> tuple[str, int, int]:

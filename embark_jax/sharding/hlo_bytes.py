@@ -16,7 +16,7 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 
-__all__ = ["Collective", "collective_bytes", "collectives", "link_bytes"]
+__all__ = ["Collective", "collective_bytes", "collectives", "link_bytes", "wire_bytes"]
 
 _DTYPE_BYTES = {
     "pred": 1,
@@ -135,4 +135,40 @@ def link_bytes(by_axis: dict[tuple[str, str], int], mesh_shape: Sequence[int]) -
         else:
             inter += b * (g - local) / g
             intra += b * local / g
+    return {"intra": intra, "inter": inter}
+
+
+def _peers(axis: str, mesh_shape: Sequence[int]) -> tuple[int, int, int]:
+    """(peers in the collective's groups, of which in the same node, of which on others)."""
+    if len(mesh_shape) == 1:
+        return mesh_shape[0], mesh_shape[0], 0
+    n_nodes, local = mesh_shape
+    if axis == "local":
+        return local, local, 0
+    if axis == "node":
+        return n_nodes, 1, n_nodes - 1
+    return n_nodes * local, local, n_nodes * local - local  # all devices (or mixed)
+
+
+def wire_bytes(
+    compiled_or_text, mesh_shape: Sequence[int], axis_names: Sequence[str]
+) -> dict[str, float]:
+    """Bytes each device sends over intra-node and inter-node links in the step (per
+    direction), the convention of the planner's cost model: an all-to-all or all-gather of
+    n peers moves (n - 1) / n of its result (the own slice stays), an all-reduce is priced
+    as a hierarchical ring: 2 (L - 1) / L of the buffer inside the node and 2 / L (N - 1) / N
+    across nodes."""
+    intra = inter = 0.0
+    for c in collectives(compiled_or_text, mesh_shape, axis_names):
+        n, same, other = _peers(c.axis, mesh_shape)
+        if c.kind == "all-reduce":
+            nodes = n // same
+            intra += 2 * c.bytes * (same - 1) / same
+            inter += 2 * c.bytes / same * (nodes - 1) / nodes
+        elif c.kind == "reduce-scatter":  # the result is one of n pieces
+            intra += c.bytes * (same - 1)
+            inter += c.bytes * other
+        else:  # all-to-all, all-gather, collective-permute: per peer result / n
+            intra += c.bytes / n * (same - 1)
+            inter += c.bytes / n * other
     return {"intra": intra, "inter": inter}
