@@ -71,9 +71,12 @@ def test_fused_update_a_million_ids_with_hot_rows(opt):
         table, opt.init(table), *args, backend="reference", **kw
     )
     assert int(n1) == int(n2) == len(np.unique(ids[ids >= 0]))
-    np.testing.assert_allclose(np.asarray(t1), np.asarray(t2), rtol=1e-4, atol=1e-4)
+    # Hot rows sum ~10^4 float32 terms, in another order than XLA's reference (sorted runs and
+    # warp reductions vs scatter-add); the first GPU run measured up to 3.4e-4 relative on
+    # Adagrad's accumulators and 2.2e-4 absolute on an Adam weight, hence 1e-3.
+    np.testing.assert_allclose(np.asarray(t1), np.asarray(t2), rtol=1e-3, atol=1e-3)
     for a, b_ in zip(jax.tree.leaves(s1), jax.tree.leaves(s2), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b_), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b_), rtol=1e-3, atol=1e-3)
 
 
 def test_sparse_backward_a_million_ids_counts_overflow():
@@ -96,7 +99,19 @@ def test_sparse_backward_a_million_ids_counts_overflow():
             backend="reference",
         )
         np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
-        np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-4, atol=1e-3)
+        # A float32 sum of n terms in another order differs by up to ~sqrt(n) eps sum|terms|:
+        # bound each element by its row's mass (the same backward of |cot|), so a hot row's
+        # rounding passes and a missing term in an ordinary row does not.
+        mass = ops.lookup_pool_backward(
+            jnp.abs(cot),
+            jnp.asarray(ids),
+            jnp.asarray(seg),
+            capacity=cap,
+            combiner="sum",
+            backend="reference",
+        )[1]
+        err = np.abs(np.asarray(got[1]) - np.asarray(want[1]))
+        assert np.all(err <= 2e-5 * np.asarray(mass) + 1e-5), float(err.max())
         assert int(got[2]) == int(want[2]) == max(distinct - cap, 0)
 
 
