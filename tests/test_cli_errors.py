@@ -175,3 +175,34 @@ def test_plan_notes_say_how_to_get_the_json(capsys):
     assert main(["plan", "--model", "t180-mini", "--batch-size", "4096"]) == 0
     out = capsys.readouterr().out
     assert "more tables" in out and "add --out plan.json" in out
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"EMBARK_CPU_ISA": "sse9"}, "EMBARK_CPU_ISA='sse9': expected auto"),
+        ({"EMBARK_CPU_THREADS": "0"}, "EMBARK_CPU_THREADS='0': expected a positive integer"),
+        ({"EMBARK_CPU_THREADS": "-3"}, "EMBARK_CPU_THREADS='-3'"),
+    ],
+)
+def test_bad_kernel_environment_is_one_error_line_before_anything_runs(
+    env, needle, tmp_path, capsys, monkeypatch
+):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    code, out, err = run_in_process(
+        ["plan", "--model", "dcnv2-mini", "--out", str(tmp_path / "p.json")], capsys
+    )
+    _check(code, out, err, needle)
+    assert _files(tmp_path) == set()
+
+
+def test_output_files_may_go_to_new_folders(tmp_path, capsys):
+    """`--out` / `--plot` into a folder that does not exist yet: it is created (as `train
+    --out` always did), not a traceback after the work."""
+    out, plot = tmp_path / "a" / "b" / "plan.json", tmp_path / "c" / "plan.png"
+    assert main(["plan", "--model", "dcnv2-mini", "--out", str(out), "--plot", str(plot)]) == 0
+    assert out.is_file() and plot.is_file()
+    sim = tmp_path / "d" / "sim.json"
+    assert main(["simulate", "--models", "dcnv2", "--nodes", "1", "--out", str(sim)]) == 0
+    assert sim.is_file()

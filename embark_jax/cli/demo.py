@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from embark_jax import ops
+from embark_jax.cli.errors import make_parent
 from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
 from embark_jax.data.synthetic import SyntheticDataset
 from embark_jax.training.metrics import auc, logloss
@@ -97,6 +98,6 @@ def run_demo(
     }
     print(json.dumps(result, indent=1))
     if out:
-        with open(out, "w") as fh:
+        with open(make_parent(out), "w") as fh:
             json.dump(result, fh, indent=1)
     return result

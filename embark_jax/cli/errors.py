@@ -19,6 +19,7 @@ __all__ = [
     "check_writable_dir",
     "check_writable_file",
     "guarded",
+    "make_parent",
     "model_name",
     "models_help",
     "nonneg_int",
@@ -48,6 +49,7 @@ def guarded(run: Callable[[], int]) -> int:
     from embark_jax.planner import PlannerError
 
     try:
+        _check_environment()
         return run()
     except (CLIError, PlanError, PlannerError) as e:
         _flush_quietly()
@@ -59,6 +61,17 @@ def guarded(run: Callable[[], int]) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+
+
+def _check_environment() -> None:
+    """The environment switches the kernels read (EMBARK_CPU_ISA, EMBARK_CPU_THREADS), checked
+    before a command runs, so a bad value is the same one line (no JAX is imported here)."""
+    from embark_jax.core.cpu_env import check_cpu_env
+
+    try:
+        check_cpu_env()
+    except ValueError as e:
+        raise CLIError(str(e)) from None
 
 
 def _flush_quietly() -> None:
@@ -188,6 +201,13 @@ def check_writable_file(path: str, flag: str) -> None:
             raise CLIError(f"{flag} {path!r} is not writable")
         return
     check_writable_dir(os.path.dirname(os.path.abspath(path)), flag, path)
+
+
+def make_parent(path: str) -> str:
+    """Creates the folder of output file `path` if missing (checked writable before anything
+    ran, by `check_writable_file`) and returns `path`."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return path
 
 
 def require(condition: bool, message: str) -> None:

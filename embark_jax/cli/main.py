@@ -11,7 +11,13 @@ import json
 import re
 import sys
 
-from embark_jax.cli.errors import OneLineParser, guarded, positive_float, positive_int
+from embark_jax.cli.errors import (
+    OneLineParser,
+    check_writable_file,
+    guarded,
+    positive_float,
+    positive_int,
+)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -91,6 +97,8 @@ def _run(argv: list[str] | None) -> int:
     if args.command == "demo":
         from embark_jax.cli.demo import run_demo
 
+        if args.out:
+            check_writable_file(args.out, "--out")
         run_demo(steps=args.steps, batch_size=args.batch_size, seed=args.seed, out=args.out)
     elif args.command == "train":
         from embark_jax.cli import train as train_cli

@@ -9,6 +9,7 @@ import time
 from embark_jax.cli.errors import (
     CLIError,
     check_writable_file,
+    make_parent,
     model_name,
     models_help,
     positive_int,
@@ -95,12 +96,12 @@ def run_plan(args) -> int:
         print(line)
     print(f"planned in {elapsed:.2f} s")
     if args.out:
-        ev.plan.to_json(args.out)
+        ev.plan.to_json(make_parent(args.out))
         print(f"wrote {args.out}")
     if args.plot:
         report.plot(
             ev,
-            args.plot,
+            make_parent(args.plot),
             f"{args.model} on {args.nodes}x{args.devices_per_node} "
             f"{hw.name}: {ev.name} {ev.step_s * 1e3:.2f} ms",
         )
@@ -206,7 +207,7 @@ def run_simulate(args) -> int:
             "comm% is each plan's share of its own (shorter) step, not more communication"
         )
     if args.out:
-        with open(args.out, "w") as fh:
+        with open(make_parent(args.out), "w") as fh:
             json.dump({"topology": args.topology, "rows": rows}, fh, indent=1)
         print(f"wrote {args.out}")
     return 0

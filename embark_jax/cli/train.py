@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from embark_jax.cli.errors import CLIError
+from embark_jax.cli.errors import CLIError, make_parent
 from embark_jax.cli.train_args import (  # noqa: F401  (re-exported for the CLI front)
     DEFAULT_BATCH,
     OPTIMIZERS,
@@ -264,7 +264,7 @@ def run_train(args) -> int:
     config = spec.embedding_config()
     ds, eval_batches = _datasets(args, config, say)
     if lead and args.plan_out:
-        ev.plan.to_json(args.plan_out)
+        ev.plan.to_json(make_parent(args.plan_out))
         say(f"wrote {args.plan_out}")
     runner, state = _build(args, config, ev.plan)
     state, start = _maybe_resume(args, runner, state, say)

@@ -26,6 +26,8 @@ import threading
 import jax
 import jaxlib
 
+from embark_jax.core.cpu_env import CPU_ISAS, check_cpu_env
+
 __all__ = [
     "NativeBuildError",
     "build_info",
@@ -36,7 +38,6 @@ __all__ = [
     "set_cpu_isa",
 ]
 
-CPU_ISAS = ("scalar", "avx2", "avx512")
 
 # platform -> target names registered there; a platform appears once all its targets are in.
 _REGISTERED: dict[str, set[str]] = {}
@@ -116,7 +117,7 @@ def ensure_registered() -> None:
             return
         info = _load_build_info()
         _check_ffi_version(info.JAXLIB_VERSION)
-        _check_cpu_env()
+        check_cpu_env()
         _register("embark_jax._ffi_cpu", "cpu")
         if (isa := os.environ.get("EMBARK_CPU_ISA", "").strip().lower()) not in ("", "auto"):
             importlib.import_module("embark_jax._ffi_cpu").set_cpu_isa(isa)  # lock held
@@ -143,21 +144,6 @@ def build_info() -> dict[str, object]:
         "cpu_isa": cpu_isa(),
         "cpu_threads": cpu_threads(),
     }
-
-
-def _check_cpu_env() -> None:
-    """The CPU kernels' environment switches, checked before the kernels read them."""
-    isa = os.environ.get("EMBARK_CPU_ISA", "").strip().lower()
-    if isa not in ("", "auto", *CPU_ISAS):
-        raise ValueError(
-            f"EMBARK_CPU_ISA={os.environ['EMBARK_CPU_ISA']!r}: expected auto, "
-            + ", ".join(CPU_ISAS)
-        )
-    threads = os.environ.get("EMBARK_CPU_THREADS", "").strip()
-    if threads and not (threads.isdigit() and int(threads) >= 1):
-        raise ValueError(
-            f"EMBARK_CPU_THREADS={os.environ['EMBARK_CPU_THREADS']!r}: expected a positive integer"
-        )
 
 
 def _cpu_module():

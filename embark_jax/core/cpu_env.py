@@ -1,0 +1,31 @@
+"""The environment switches of the CPU kernels, checked without importing JAX (the command
+line checks them before a command runs; `embark_jax.ops.native` before the kernels load).
+
+- `EMBARK_CPU_ISA`: `auto` (default), `scalar`, `avx2` or `avx512`: the SIMD path the kernels
+  use (at most the best the CPU supports).
+- `EMBARK_CPU_THREADS`: a positive integer, the threads each CPU kernel runs on (default: the
+  CPUs the process may use).
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["CPU_ISAS", "check_cpu_env"]
+
+CPU_ISAS = ("scalar", "avx2", "avx512")
+
+
+def check_cpu_env() -> None:
+    """Raises ValueError naming the variable and value when a switch is malformed."""
+    isa = os.environ.get("EMBARK_CPU_ISA", "").strip().lower()
+    if isa not in ("", "auto", *CPU_ISAS):
+        raise ValueError(
+            f"EMBARK_CPU_ISA={os.environ['EMBARK_CPU_ISA']!r}: expected auto, "
+            + ", ".join(CPU_ISAS)
+        )
+    threads = os.environ.get("EMBARK_CPU_THREADS", "").strip()
+    if threads and not (threads.isdigit() and int(threads) >= 1):
+        raise ValueError(
+            f"EMBARK_CPU_THREADS={os.environ['EMBARK_CPU_THREADS']!r}: expected a positive integer"
+        )
