@@ -64,8 +64,9 @@ def guarded(run: Callable[[], int]) -> int:
 
 
 def _check_environment() -> None:
-    """The environment switches the kernels read (EMBARK_CPU_ISA, EMBARK_CPU_THREADS), checked
-    before a command runs, so a bad value is the same one line (no JAX is imported here)."""
+    """The environment switches the kernels read (EMBARK_CPU_ISA, EMBARK_CPU_THREADS,
+    EMBARK_HUGEPAGES), checked before a command runs, so a bad value is the same one line (no
+    JAX is imported here)."""
     from embark_jax.core.cpu_env import check_cpu_env
 
     try:

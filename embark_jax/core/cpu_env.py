@@ -5,15 +5,27 @@ line checks them before a command runs; `embark_jax.ops.native` before the kerne
   use (at most the best the CPU supports).
 - `EMBARK_CPU_THREADS`: a positive integer, the threads each CPU kernel runs on (default: the
   CPUs the process may use).
+- `EMBARK_HUGEPAGES`: `auto` (default; also `on`, `1`) or `off` (`0`): whether the kernels move
+  the tables they read at random onto transparent huge pages (docs/design.md §7).
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["CPU_ISAS", "check_cpu_env"]
+__all__ = ["CPU_ISAS", "check_cpu_env", "huge_page_mode_from_env"]
 
 CPU_ISAS = ("scalar", "avx2", "avx512")
+_HUGE_PAGE_VALUES = {"": "auto", "auto": "auto", "on": "auto", "1": "auto", "off": "off", "0": "off"}
+
+
+def huge_page_mode_from_env() -> str:
+    """`auto` or `off`, from EMBARK_HUGEPAGES; ValueError naming the value when malformed."""
+    raw = os.environ.get("EMBARK_HUGEPAGES", "")
+    mode = _HUGE_PAGE_VALUES.get(raw.strip().lower())
+    if mode is None:
+        raise ValueError(f"EMBARK_HUGEPAGES={raw!r}: expected auto or off")
+    return mode
 
 
 def check_cpu_env() -> None:
@@ -29,3 +41,4 @@ def check_cpu_env() -> None:
         raise ValueError(
             f"EMBARK_CPU_THREADS={os.environ['EMBARK_CPU_THREADS']!r}: expected a positive integer"
         )
+    huge_page_mode_from_env()

@@ -26,7 +26,7 @@ import threading
 import jax
 import jaxlib
 
-from embark_jax.core.cpu_env import CPU_ISAS, check_cpu_env
+from embark_jax.core.cpu_env import CPU_ISAS, check_cpu_env, huge_page_mode_from_env
 
 __all__ = [
     "NativeBuildError",
@@ -34,8 +34,13 @@ __all__ = [
     "cpu_isa",
     "cpu_threads",
     "ensure_registered",
+    "huge_page_mode",
+    "huge_page_stats",
+    "huge_pages",
     "registered_targets",
     "set_cpu_isa",
+    "set_huge_page_mode",
+    "wait_huge_pages",
 ]
 
 
@@ -121,6 +126,9 @@ def ensure_registered() -> None:
         _register("embark_jax._ffi_cpu", "cpu")
         if (isa := os.environ.get("EMBARK_CPU_ISA", "").strip().lower()) not in ("", "auto"):
             importlib.import_module("embark_jax._ffi_cpu").set_cpu_isa(isa)  # lock held
+        importlib.import_module("embark_jax._ffi_cpu").set_huge_page_mode(
+            huge_page_mode_from_env() == "auto"
+        )
         if info.CUDA_BUILT and _cuda_plugin_installed():
             _register("embark_jax._ffi_cuda", "CUDA")
         _registered_all = True
@@ -143,6 +151,7 @@ def build_info() -> dict[str, object]:
         "registered": registered_targets(),
         "cpu_isa": cpu_isa(),
         "cpu_threads": cpu_threads(),
+        "huge_pages": huge_page_mode(),
     }
 
 
@@ -178,3 +187,57 @@ def cpu_threads() -> int:
     """Threads each CPU kernel runs on, its caller included: the CPUs this process may use, or
     `EMBARK_CPU_THREADS` (docs/design.md §7)."""
     return int(_cpu_module().cpu_threads())
+
+
+def huge_page_mode() -> str:
+    """`auto` (the kernels move the tables they read at random onto transparent huge pages, in
+    the background, the second time they see one) or `off` (docs/design.md §7)."""
+    return str(_cpu_module().huge_page_mode())
+
+
+def set_huge_page_mode(mode: str) -> str:
+    """Sets the mode (`auto` or `off`) from the next kernel call on; returns the previous one.
+    `EMBARK_HUGEPAGES` does the same for a whole process. ValueError for another name."""
+    key = str(mode).strip().lower()
+    if key not in ("auto", "off"):
+        raise ValueError(f"huge page mode must be auto or off; got {mode!r}")
+    m = _cpu_module()
+    previous = str(m.huge_page_mode())
+    m.set_huge_page_mode(key == "auto")
+    return previous
+
+
+def huge_pages(array: jax.Array) -> int:
+    """Moves the CPU buffers of `array` (each addressable shard on a CPU device) onto
+    transparent huge pages now, and returns the bytes moved: only the 2 MiB-aligned interior of
+    a buffer of at least 8 MiB, so small arrays give 0, as do arrays on other devices, and pages
+    never written (a zero-filled table) are not counted: they get huge pages when first
+    written. The data is unchanged. Raises OSError with the OS's reason when it refuses (THP switched off, a
+    kernel before Linux 6.1) and TypeError for anything but a `jax.Array`. Auto mode does the
+    same in the background; this is for doing it before a timed loop."""
+    if not isinstance(array, jax.Array):
+        raise TypeError(f"huge_pages: array must be a jax.Array; got {type(array).__name__}")
+    m = _cpu_module()
+    array.block_until_ready()  # its pages exist only once it is computed
+    total = 0
+    for shard in array.addressable_shards:
+        if shard.device.platform != "cpu":
+            continue
+        data = shard.data
+        got = int(m.advise_huge_pages(data.unsafe_buffer_pointer(), data.nbytes))
+        if got < 0:
+            raise OSError(-got, f"huge_pages: madvise refused: {os.strerror(-got)}")
+        total += got
+    return total
+
+
+def huge_page_stats() -> dict[str, int]:
+    """What auto mode did in this process: tables `queued` for the background thread, of those
+    `advised` and `failed`, `bytes` moved, and the `last_error` (errno) of a failure."""
+    return {k: int(v) for k, v in _cpu_module().huge_page_stats().items()}
+
+
+def wait_huge_pages(timeout_s: float = 60.0) -> bool:
+    """Waits, at most `timeout_s` seconds, until auto mode's background thread has handled every
+    table queued so far; returns whether it had."""
+    return bool(_cpu_module().wait_huge_pages(float(timeout_s)))

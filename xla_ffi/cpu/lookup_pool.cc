@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_hugepages.h"
 #include "cpu_isa.h"
 #include "cpu_segments.h"
 #include "cpu_simd.h"
@@ -152,6 +153,7 @@ ffi::Error LookupPoolImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBu
   const int64_t n = static_cast<int64_t>(ids.element_count());
   ffi::Error err = CheckLookupPool(table, ids, seg, weights, *out, combiner);
   if (err.failure()) return err;
+  NoteRandomAccess(table.untyped_data(), static_cast<int64_t>(table.size_bytes()));
   const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];
   const int64_t num_out = out->dimensions()[0];
   const float* w = static_cast<const float*>(weights.untyped_data());

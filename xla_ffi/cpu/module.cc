@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "cpu_hugepages.h"
 #include "cpu_isa.h"
 #include "embark_ffi.h"
 #include "kernels.h"
@@ -58,4 +59,33 @@ PYBIND11_MODULE(_ffi_cpu, m) {
       "Uses the named instruction set (at most the best supported) from the next call on.");
   m.def("cpu_threads", []() { return embark::CpuPoolThreads(); },
         "Threads a CPU kernel runs on (its caller included); starts the worker pool.");
+  m.def(
+      "advise_huge_pages",
+      [](uintptr_t address, int64_t bytes) {
+        py::gil_scoped_release release;
+        return embark::AdviseHugePages(reinterpret_cast<const void*>(address), bytes);
+      },
+      "Moves the 2 MiB-aligned interior of a host buffer into huge pages now; bytes or -errno.");
+  m.def("huge_page_mode",
+        []() { return embark::GetHugePageMode() == embark::HugePageMode::AUTO ? "auto" : "off"; });
+  m.def("set_huge_page_mode", [](bool on) {
+    embark::SetHugePageMode(on ? embark::HugePageMode::AUTO : embark::HugePageMode::OFF);
+  });
+  m.def("huge_page_stats", []() {
+    const embark::HugePageStats s = embark::GetHugePageStats();
+    py::dict d;
+    d["queued"] = s.queued;
+    d["advised"] = s.advised;
+    d["failed"] = s.failed;
+    d["bytes"] = s.bytes;
+    d["last_error"] = s.last_error;
+    return d;
+  });
+  m.def(
+      "wait_huge_pages",
+      [](double timeout_s) {
+        py::gil_scoped_release release;
+        return embark::WaitHugePages(timeout_s);
+      },
+      "Waits until the background thread has advised every queued table.");
 }

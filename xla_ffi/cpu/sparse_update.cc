@@ -13,6 +13,7 @@
 // hashed from the seed, row and column: the result does not depend on the threads). Rows < 0
 // or >= V are padding and skipped. Rows must be unique (the Python op merges duplicates first
 // unless told they are unique): workers own disjoint row ranges.
+#include "cpu_hugepages.h"
 #include "cpu_optim.h"
 #include "embark_dispatch.h"
 #include "embark_ffi.h"
@@ -52,6 +53,9 @@ ffi::Error SparseUpdateImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buf
   const int64_t n = grads.dimensions()[0];
   // The outputs alias the inputs (input_output_aliases); copy only if XLA did not alias.
   CopyIfNotAliased(table_out->untyped_data(), table.untyped_data(), table.size_bytes());
+  if (table_out->untyped_data() == table.untyped_data()) {  // in place: the same buffer each step
+    NoteRandomAccess(table.untyped_data(), static_cast<int64_t>(table.size_bytes()));
+  }
   CopyIfNotAliased(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes());
   CopyIfNotAliased(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes());
   const abi::Hparams hp = abi::LoadHparams(hparams.typed_data());

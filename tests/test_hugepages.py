@@ -1,0 +1,144 @@
+"""Transparent huge pages for the tables the CPU kernels read at random (docs/design.md §7).
+
+Checked from outside, in the kernel's own accounting: /proc/self/smaps shows how much of the
+table's mapping sits on huge pages (AnonHugePages) before and after the advice, the data is
+unchanged, the auto mode does it in the background after a table's second call (and not with
+the mode off), and a stale pointer does not crash. Where the OS has THP switched off the
+placement checks are skipped, the rest still runs.
+"""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from embark_jax import ops
+from embark_jax.ops import native, reference
+
+MIB = 1 << 20
+THP_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def _thp_available() -> bool:
+    try:
+        with open(THP_FILE) as fh:
+            return "[never]" not in fh.read()
+    except OSError:
+        return False
+
+
+needs_thp = pytest.mark.skipif(not _thp_available(), reason="transparent huge pages are off")
+
+
+def _huge_bytes(array) -> int:
+    """Bytes of `array`'s buffer that lie on huge pages, from /proc/self/smaps (each mapping
+    overlapping the buffer counts its AnonHugePages, prorated by the overlap)."""
+    lo = array.unsafe_buffer_pointer()
+    hi = lo + array.nbytes
+    total, overlap = 0, 0
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split(" ", 1)[0]
+            if "-" in head and ":" not in head:
+                a, b = (int(x, 16) for x in head.split("-"))
+                overlap = max(0, min(b, hi) - max(a, lo))
+                size = b - a
+            elif line.startswith("AnonHugePages:") and overlap:
+                total += int(line.split()[1]) * 1024 * overlap // size
+    return total
+
+
+def _table(rows, dim=128, seed=0):
+    t = jax.random.normal(jax.random.key(seed), (rows, dim), jnp.float32)
+    return t.block_until_ready()
+
+
+@needs_thp
+def test_huge_pages_moves_the_table_and_keeps_its_data():
+    t = _table(64 * 1024)  # 32 MiB
+    before = np.asarray(t).copy()
+    assert _huge_bytes(t) < t.nbytes // 2  # a fresh malloc: 4 KiB pages (THP "madvise")
+    moved = native.huge_pages(t)
+    assert moved % (2 * MIB) == 0 and 28 * MIB <= moved <= t.nbytes
+    assert _huge_bytes(t) >= moved
+    np.testing.assert_array_equal(np.asarray(t), before)
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 64 * 1024, 256), jnp.int32)
+    seg = jnp.repeat(jnp.arange(32, dtype=jnp.int32), 8)
+    got = ops.lookup_pool(t, ids, seg, 32, indices_are_sorted=True)
+    want = reference.lookup_pool(t, ids, seg, 32)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_small_arrays_are_left_alone_and_bad_input_is_refused():
+    assert native.huge_pages(jnp.zeros((1024, 16))) == 0  # under 8 MiB
+    with pytest.raises(TypeError, match="huge_pages: array must be a jax.Array; got ndarray"):
+        native.huge_pages(np.zeros((4096, 1024), np.float32))
+    with pytest.raises(ValueError, match="huge page mode must be auto or off; got 'always'"):
+        native.set_huge_page_mode("always")
+
+
+def test_a_stale_pointer_does_not_crash():
+    t = _table(32 * 1024)
+    addr, nbytes = t.unsafe_buffer_pointer(), t.nbytes
+    del t
+    got = native._cpu_module().advise_huge_pages(addr, nbytes)  # freed: unmapped or reused
+    assert got == 0 or got % (2 * MIB) == 0 or -got in (12, 22)  # bytes, ENOMEM or EINVAL
+
+
+def _lookup_twice(t):
+    ids = jnp.arange(512, dtype=jnp.int32) * 61
+    seg = jnp.repeat(jnp.arange(64, dtype=jnp.int32), 8)
+    f = jax.jit(lambda t: ops.lookup_pool(t, ids, seg, 64, indices_are_sorted=True))
+    for _ in range(3):
+        f(t).block_until_ready()
+
+
+@needs_thp
+def test_auto_mode_moves_a_table_in_the_background_after_its_second_call():
+    assert native.huge_page_mode() == "auto"
+    t = _table(48 * 1024, seed=1)  # 24 MiB
+    before = native.huge_page_stats()
+    _lookup_twice(t)
+    assert native.wait_huge_pages(120)
+    after = native.huge_page_stats()
+    assert after["queued"] > before["queued"] and after["advised"] > before["advised"]
+    assert _huge_bytes(t) >= 20 * MIB
+
+
+def test_off_mode_queues_nothing():
+    previous = native.set_huge_page_mode("off")
+    try:
+        assert native.huge_page_mode() == "off"
+        t = _table(48 * 1024, seed=2)
+        before = native.huge_page_stats()
+        _lookup_twice(t)
+        assert native.huge_page_stats()["queued"] == before["queued"]
+    finally:
+        native.set_huge_page_mode(previous)
+
+
+_CHILD = """
+from embark_jax.ops import native
+print(native.huge_page_mode())
+"""
+
+
+def _child(value):
+    env = {k: v for k, v in os.environ.items() if k != "EMBARK_HUGEPAGES"}
+    env["EMBARK_HUGEPAGES"] = value
+    return subprocess.run(
+        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_environment_switch():
+    off, on = _child("off"), _child(" AUTO ")
+    assert (off.returncode, off.stdout.split()) == (0, ["off"]), off.stderr
+    assert (on.returncode, on.stdout.split()) == (0, ["auto"]), on.stderr
+    bad = _child("always")
+    assert bad.returncode != 0
+    assert "EMBARK_HUGEPAGES='always': expected auto or off" in bad.stderr.strip().splitlines()[-1]

@@ -1,0 +1,188 @@
+// Huge pages for randomly read tables (cpu_hugepages.h has the why and the modes).
+#include "cpu_hugepages.h"
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25  // Linux 6.1; older headers lack the name
+#endif
+
+namespace embark {
+namespace {
+
+constexpr int64_t kSlice = int64_t{32} << 20;  // one MADV_COLLAPSE call: stops early if freed
+constexpr int kRegistry = 64;                  // tables remembered (address, size)
+using Clock = std::chrono::steady_clock;
+// A table seen again is advised again after this long (then twice as long each time the
+// advice found 4 KiB pages to move: a buffer replaced at the same address by every step).
+constexpr auto kRecheck = std::chrono::seconds(1);
+constexpr auto kMaxRecheck = std::chrono::seconds(64);
+constexpr auto kMovedSomething = std::chrono::milliseconds(5);  // an advised range: ~0.4 ms
+
+// EMBARK_HUGEPAGES is read by embark_jax.ops.native, which sets the mode before any kernel runs.
+std::atomic<int> g_mode{static_cast<int>(HugePageMode::AUTO)};
+
+struct Range {
+  uintptr_t addr = 0;
+  int64_t bytes = 0;
+};
+
+// The tables seen lately and the background thread's queue; one mutex guards both. XLA may
+// free a table and allocate its successor at the same address (a step without donation), on
+// 4 KiB pages again, so a table is not advised once for all: seen again after `interval`, it
+// is queued again, which costs ~0.4 ms for 512 MiB already on huge pages.
+class Advisor {
+ public:
+  void Note(const void* p, int64_t bytes) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const Clock::time_point now = Clock::now();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Entry& e : seen_) {
+      if (e.range.addr == a && e.range.bytes == bytes) {
+        if (!e.queued && ++e.calls >= 2 && now >= e.due) Enqueue(e);
+        return;
+      }
+    }
+    seen_[next_] = Entry{{a, bytes}, 1, false, false, now, kRecheck};
+    next_ = (next_ + 1) % kRegistry;
+  }
+
+  HugePageStats Stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+  bool Wait(double timeout_s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return idle_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                          [&] { return queue_.empty() && !working_; });
+  }
+
+ private:
+  struct Entry {
+    Range range;
+    int calls = 0;
+    bool queued = false, advised = false;
+    Clock::time_point due;                 // not queued again before
+    Clock::duration interval = kRecheck;  // the wait after the next advice
+  };
+
+  void Enqueue(Entry& e) {  // mu_ held
+    e.queued = true;
+    queue_.push_back(e.range);
+    ++stats_.queued;
+    if (!started_) {
+      started_ = true;
+      std::thread([this] { Loop(); }).detach();  // lives as long as the process
+    }
+    work_.notify_one();
+  }
+
+  void Done(const Range& r, int64_t got, Clock::duration took) {  // mu_ held
+    for (Entry& e : seen_) {
+      if (e.range.addr != r.addr || e.range.bytes != r.bytes) continue;
+      e.queued = false;
+      e.calls = 0;
+      // Replaced since the last advice, or refused by the OS: back off.
+      if ((e.advised && took > kMovedSomething) || got < 0) {
+        e.interval = std::min<Clock::duration>(2 * e.interval, kMaxRecheck);
+      }
+      e.advised = true;
+      e.due = Clock::now() + e.interval;
+    }
+    if (got < 0) {
+      ++stats_.failed;
+      stats_.last_error = -got;
+    } else {
+      ++stats_.advised;
+      stats_.bytes += got;
+    }
+  }
+
+  void Loop() {
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);  // below the kernels
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      work_.wait(lock, [&] { return !queue_.empty(); });
+      const Range r = queue_.front();
+      queue_.pop_front();
+      working_ = true;
+      lock.unlock();
+      const Clock::time_point t0 = Clock::now();
+      const int64_t got = AdviseHugePages(reinterpret_cast<const void*>(r.addr), r.bytes);
+      const Clock::duration took = Clock::now() - t0;
+      lock.lock();
+      working_ = false;
+      Done(r, got, took);
+      if (queue_.empty()) idle_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable work_, idle_;
+  Entry seen_[kRegistry];
+  int next_ = 0;
+  std::deque<Range> queue_;
+  bool started_ = false, working_ = false;
+  HugePageStats stats_;
+};
+
+Advisor& TheAdvisor() {
+  static Advisor* advisor = new Advisor();  // never destroyed: its thread outlives teardown
+  return *advisor;
+}
+
+}  // namespace
+
+int64_t AdviseHugePages(const void* p, int64_t bytes) {
+  if (bytes < kMinHugePageBytes) return 0;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t mask = static_cast<uintptr_t>(kHugePageBytes - 1);
+  const uintptr_t lo = (begin + mask) & ~mask, hi = (begin + bytes) & ~mask;
+  if (hi <= lo) return 0;
+  if (madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE) != 0) return -errno;
+  // Pages not yet touched (a calloc'ed table) cannot be collapsed (EINVAL); the advice above
+  // gives them huge pages when first written. So a slice that fails is skipped, not fatal.
+  int64_t moved = 0, error = 0;
+  for (uintptr_t a = lo; a < hi; a += kSlice) {
+    const uintptr_t len = hi - a < static_cast<uintptr_t>(kSlice) ? hi - a : kSlice;
+    if (madvise(reinterpret_cast<void*>(a), len, MADV_COLLAPSE) == 0) {
+      moved += static_cast<int64_t>(len);
+    } else {
+      error = errno;
+      if (error == ENOMEM) break;  // no longer mapped: the buffer was freed
+    }
+  }
+  return moved > 0 || error == 0 ? moved : -error;
+}
+
+void NoteRandomAccess(const void* p, int64_t bytes) {
+  if (bytes < kMinHugePageBytes || GetHugePageMode() == HugePageMode::OFF) return;
+  TheAdvisor().Note(p, bytes);
+}
+
+HugePageMode GetHugePageMode() {
+  return static_cast<HugePageMode>(g_mode.load(std::memory_order_relaxed));
+}
+
+void SetHugePageMode(HugePageMode mode) {
+  g_mode.store(static_cast<int>(mode), std::memory_order_relaxed);
+}
+
+HugePageStats GetHugePageStats() { return TheAdvisor().Stats(); }
+
+bool WaitHugePages(double timeout_s) { return TheAdvisor().Wait(timeout_s); }
+
+}  // namespace embark

@@ -1,0 +1,57 @@
+// Transparent huge pages for the tables the CPU kernels read at random (cpu/cpu_hugepages.cc).
+//
+// A lookup touches rows spread over the whole table: with 4 KiB pages nearly every row costs
+// a TLB miss and a page walk (two-level under a hypervisor), which measured here took more
+// time than moving the row. On 2 MiB pages the same lookup ran 1.2-2x faster. XLA allocates
+// the tables with malloc, which on Linux leaves them on 4 KiB pages unless the process opted
+// in (THP "madvise" mode, the common default), so the kernels advise them themselves:
+//
+//   auto (default, EMBARK_HUGEPAGES=auto): a kernel reports each table it reads at random
+//     (NoteRandomAccess); the second time one (address, size) is seen, a background thread
+//     advises it (MADV_HUGEPAGE) and moves its pages into huge pages (MADV_COLLAPSE, Linux
+//     6.1+). The kernel never waits. XLA may free a table and put the next one (a step that
+//     does not donate it) at the same address, so a table still in use is advised again each
+//     second (0.4 ms for 512 MiB already on huge pages); when that advice finds 4 KiB pages
+//     again, the interval doubles (up to 64 s), which bounds the copying such churn causes.
+//     Only the 2 MiB-aligned interior of a buffer of at least kMinHugePageBytes is touched;
+//     the advice changes no data and is harmless if the buffer is freed meanwhile (the calls
+//     fail on an unmapped range, or advise its new owner).
+//   off (EMBARK_HUGEPAGES=off): nothing is advised.
+//
+// AdviseHugePages does the same synchronously for one buffer (embark_jax.ops.native).
+#pragma once
+
+#include <cstdint>
+
+namespace embark {
+
+constexpr int64_t kHugePageBytes = int64_t{2} << 20;
+constexpr int64_t kMinHugePageBytes = 4 * kHugePageBytes;
+
+enum class HugePageMode : int { OFF = 0, AUTO = 1 };
+
+// Advises the 2 MiB-aligned interior of [p, p + bytes) and collapses it into huge pages now.
+// Returns the bytes advised (0 when the buffer is smaller than kMinHugePageBytes) or -errno of
+// the first call that failed (e.g. -EINVAL where THP is off or the kernel lacks MADV_COLLAPSE).
+int64_t AdviseHugePages(const void* p, int64_t bytes);
+
+// Auto mode's hook, called by a kernel once per call for a table it reads at random.
+void NoteRandomAccess(const void* p, int64_t bytes);
+
+HugePageMode GetHugePageMode();
+void SetHugePageMode(HugePageMode mode);
+
+struct HugePageStats {
+  int64_t queued = 0;     // advice requests handed to the background thread
+  int64_t advised = 0;    // of those, done without error
+  int64_t failed = 0;     // of those, refused by the OS (the errno is in last_error)
+  int64_t bytes = 0;      // bytes the successful ones covered (already huge ones included)
+  int64_t last_error = 0;
+};
+HugePageStats GetHugePageStats();
+
+// Waits until the background thread has handled every queued buffer, at most timeout_s
+// seconds; returns whether it had.
+bool WaitHugePages(double timeout_s);
+
+}  // namespace embark
