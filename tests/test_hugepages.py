@@ -75,7 +75,7 @@ def test_huge_pages_moves_the_table_and_keeps_its_data():
 
 def test_small_arrays_are_left_alone_and_bad_input_is_refused():
     assert native.huge_pages(jnp.zeros((1024, 16))) == 0  # under 8 MiB
-    with pytest.raises(TypeError, match="huge_pages: array must be a jax.Array; got ndarray"):
+    with pytest.raises(TypeError, match=r"huge_pages: array must be a jax\.Array; got ndarray"):
         native.huge_pages(np.zeros((4096, 1024), np.float32))
     with pytest.raises(ValueError, match="huge page mode must be auto or off; got 'always'"):
         native.set_huge_page_mode("always")

@@ -16,7 +16,14 @@ import os
 __all__ = ["CPU_ISAS", "check_cpu_env", "huge_page_mode_from_env"]
 
 CPU_ISAS = ("scalar", "avx2", "avx512")
-_HUGE_PAGE_VALUES = {"": "auto", "auto": "auto", "on": "auto", "1": "auto", "off": "off", "0": "off"}
+_HUGE_PAGE_VALUES = {
+    "": "auto",
+    "auto": "auto",
+    "on": "auto",
+    "1": "auto",
+    "off": "off",
+    "0": "off",
+}
 
 
 def huge_page_mode_from_env() -> str:

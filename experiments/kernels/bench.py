@@ -3,9 +3,12 @@
 Each library runs in its own long-lived worker process (`worker.py`; their thread pools slow
 each other in one process), all with the same thread count. Per op, the driver sets the op up
 in every worker (compile + warm-up), then runs `repeats` repetitions in rounds: each round
-gives every implementation `reps_per_round` repetitions, one process at a time, the starting
-implementation rotating round by round, with a short idle gap between processes (spinning
-pool threads go to sleep). Our two-op backward, which no peer has, is timed in the fused
+gives every implementation a turn, one process at a time, the starting implementation
+rotating round by round, with a short idle gap between processes (spinning pool threads go to
+sleep). A turn is `warm_per_turn` untimed calls, then `reps_per_round` timed ones, so a timed
+call is a steady-state call, as in a training loop: on the shared 2-core VM a call that came
+right after the machine idled (the earlier design: one timed call after a 20 ms gap) took
+3-10x longer for every library, which measured the VM's wake-up, not the kernels. Our two-op backward, which no peer has, is timed in the fused
 backward's session, interleaved with it and the peers. What each library computes is in
 `cases_jax.py` and `cases_torch.py`; bytes follow FBGEMM's accounting (`points.op_bytes`).
 Each library's output (or its table after the same number of SGD steps) is compared with
@@ -17,7 +20,7 @@ JSON (`--out`, default results/kernels.json; rewritten after every point), schem
   schema, backend ("cpu"/"gpu"), devices, copy_GBps (copy bandwidth, read + write),
   machine: {cpu_model, cpu_count, cpu_affinity, threads, platform, python, numpy,
             loadavg_start, loadavg_end}
-  settings: {repeats, reps_per_round, warmup, gap_s, seed, threads, ops, libs}
+  settings: {repeats, reps_per_round, warm_per_turn, warmup, gap_s, seed, threads, ops, libs}
   libs: {lib: worker info: versions, device, threads_requested, os_threads (by thread name),
          xla_intra_op_threads (JAX libs), num_threads + parallel_backend (torch)}
   unavailable: {lib: why it was not measured (e.g. "ImportError: No module named 'torch'")}
@@ -122,9 +125,10 @@ class Worker:
 @dataclasses.dataclass
 class Settings:
     repeats: int = 7
-    reps_per_round: int = 1
+    reps_per_round: int = 3
+    warm_per_turn: int = 2
     warmup: int = 2
-    gap_s: float = 0.02
+    gap_s: float = 0.002
     seed: int = P.SEED
     threads: int = 0  # 0: the CPUs this process may run on
     ops: tuple[str, ...] = P.OPS
@@ -176,7 +180,7 @@ def measure_op(
         j = rnd % len(impls)
         for w, impl in impls[j:] + impls[:j]:
             time.sleep(s.gap_s)
-            times[impl] += w.call(cmd="run", impl=impl, reps=k)["times"]
+            times[impl] += w.call(cmd="run", impl=impl, reps=k, warm=s.warm_per_turn)["times"]
         done, rnd = done + k, rnd + 1
     samples = {impl: np.asarray(w.call(cmd="sample", impl=impl)["sample"]) for w, impl in impls}
     for w in workers:

@@ -23,7 +23,10 @@ def main(argv=None):
     )
     ap.add_argument("--out", default="results/kernels.json")
     ap.add_argument("--repeats", type=int, default=7, help="timed repetitions per library")
-    ap.add_argument("--reps-per-round", type=int, default=1, help="repetitions per turn")
+    ap.add_argument("--reps-per-round", type=int, default=3, help="timed calls per turn")
+    ap.add_argument(
+        "--warm-per-turn", type=int, default=2, help="untimed calls before a turn's timed ones"
+    )
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0, help="0: the CPUs we may run on")
     ap.add_argument("--ops", default=None, help=f"comma list of {','.join(P.OPS)}")
@@ -53,6 +56,7 @@ def main(argv=None):
         repeats,
         args.out,
         reps_per_round=args.reps_per_round,
+        warm_per_turn=args.warm_per_turn,
         warmup=args.warmup,
         threads=args.threads,
         ops=ops,

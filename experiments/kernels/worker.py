@@ -8,7 +8,7 @@ original stdout; anything else printed goes to stderr). Commands:
   {"cmd": "point", "point": {...}, "seed": 0}  -> {"unique_rows": U}   build the point's data
   {"cmd": "setup", "op": OP, "warmup": 2,      -> {"impls": [...], "errors": {impl: msg}}
    "extra_ops": [OP2]}                            (OP2's cases named IMPL@OP2)
-  {"cmd": "run", "impl": IMPL, "reps": k}      -> {"times": [k seconds]}
+  {"cmd": "run", "impl": IMPL, "reps": k, "warm": w} -> {"times": [k seconds]} (w untimed first)
   {"cmd": "sample", "impl": IMPL}              -> {"sample": [...]}  rows compared across libs
   {"cmd": "teardown"}                          -> {}                 frees the op's cases
   {"cmd": "copy", "nbytes": n}                 -> {"GBps": x}        copy bandwidth (embark)
@@ -115,6 +115,7 @@ class Lib:
         info["xla_intra_op_threads"] = os_threads().get("tf_XLAEigen", 0)
         if self.lib == "embark":
             info["embark_build"] = {k: str(v) for k, v in native.build_info().items()}
+            info["huge_page_stats"] = native.huge_page_stats()
         return info
 
     def point(self, msg) -> dict:
@@ -148,10 +149,16 @@ class Lib:
                     self.cases[impl + at] = case
                 except Exception as e:
                     errors[impl + at] = f"{type(e).__name__}: {e}"
+        if self.lib == "embark":  # steady state: the tables the warm-up saw are on huge pages
+            from embark_jax.ops import native
+
+            native.wait_huge_pages(300)
         return {"impls": list(self.cases), "errors": errors}
 
     def run(self, msg) -> dict:
         case = self.cases[msg["impl"]]
+        for _ in range(msg.get("warm", 0)):  # untimed: the turn's first calls wake the threads
+            _rep(case)
         return {"times": [_rep(case) for _ in range(msg["reps"])]}
 
     def sample(self, msg) -> dict:
