@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from embark_jax import ops
 from embark_jax.ops import _ffi, abi, native
 from embark_jax.ops import optimizers as O
 
@@ -142,11 +143,20 @@ def test_lookup_pool_names_operand_and_dtype():
         ),
     )
     _fails(
-        r"lookup_pool: weights must have 2 elements \(\[N\], one per id\), got shape \[3\]",
+        r"lookup_pool: weights must have 2 elements \(\[N\], one per id, or \[0\]\), got shape "
+        r"\[3\]",
         lambda: _ffi.lookup_pool(
             jnp.zeros((4, 3)), ids, seg, jnp.ones((3,)), 1, "sum", jnp.float32, True
         ),
     )
+    # [0] is the unweighted form (every weight 1), not an error
+    table = jnp.arange(12, dtype=jnp.float32).reshape(4, 3)
+    got = _ffi.lookup_pool(table, ids, seg, jnp.zeros((0,)), 1, "mean", jnp.float32, True)
+    np.testing.assert_allclose(np.asarray(got), [[1.5, 2.5, 3.5]])
+    with pytest.raises(
+        ValueError, match=r"lookup_pool: weights must be \[N\] = \(2,\), got \(0,\)"
+    ):
+        ops.lookup_pool(table, ids, seg, 1, jnp.zeros((0,)))
 
 
 def test_segment_sum_and_unique_name_the_operand():

@@ -74,7 +74,12 @@ def lookup_pool(
         return reference.lookup_pool(
             table, ids, segment_ids, num_segments, weights, combiner
         ).astype(out_dtype)
-    w = jnp.ones(ids.shape, jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32)
+    if weights is None:  # [0]: the kernels take every weight as 1 (nothing to fill or read)
+        w = jnp.zeros((0,), jnp.float32)
+    else:
+        w = jnp.asarray(weights, jnp.float32)
+        if w.shape != ids.shape:
+            raise ValueError(f"lookup_pool: weights must be [N] = {ids.shape}, got {w.shape}")
     return _lookup_pool_ffi(
         table, ids, segment_ids, w, num_segments, combiner.value, out_dtype, indices_are_sorted
     )
@@ -95,6 +100,12 @@ def _lp_bwd(num_segments, combiner, out_dtype, srt, res, g):
     # The dense-gradient path (jax.grad, small tables): the reference's VJP is the ground
     # truth. Training never comes here; it uses lookup_pool_backward + sparse_update.
     table, ids, segment_ids, weights = res
+    if weights.shape != ids.shape:  # unweighted ([0]): no weight gradient
+        _, vjp = jax.vjp(
+            lambda t: reference.lookup_pool(t, ids, segment_ids, num_segments, None, combiner),
+            table,
+        )
+        return vjp(g.astype(table.dtype))[0], None, None, jnp.zeros_like(weights)
     _, vjp = jax.vjp(
         lambda t, w: reference.lookup_pool(t, ids, segment_ids, num_segments, w, combiner),
         table,

@@ -33,7 +33,9 @@ struct Src {
   const T* table;
   int64_t vocab, d;
   const Id* ids;
-  const float* w;  // [N]
+  const float* w;  // [N], or null: every weight is 1
+
+  float Weight(int64_t i) const { return w != nullptr ? w[i] : 1.0f; }
 };
 
 namespace pool_scalar {
@@ -94,8 +96,9 @@ void PoolUnsorted(const Src<T, Id>& s, const S* seg, Combiner combiner, O* out, 
     const T* row = pool_scalar::RowOf(s, i);
     if (b < s0 || b >= s1 || row == nullptr) continue;
     float* a = acc.data() + (b - s0) * d;
-    for (int64_t j = 0; j < d; ++j) a[j] += s.w[i] * Elem<T>::Load(row, j);
-    denom[b - s0] += combiner == Combiner::SQRTN ? s.w[i] * s.w[i] : s.w[i];
+    const float wi = s.Weight(i);
+    for (int64_t j = 0; j < d; ++j) a[j] += wi * Elem<T>::Load(row, j);
+    denom[b - s0] += combiner == Combiner::SQRTN ? wi * wi : wi;
   }
   for (int64_t b = s0; b < s1; ++b) {
     float scale = 1.0f, dn = denom[b - s0];
@@ -156,7 +159,8 @@ ffi::Error LookupPoolImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBu
   NoteRandomAccess(table.untyped_data(), static_cast<int64_t>(table.size_bytes()));
   const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];
   const int64_t num_out = out->dimensions()[0];
-  const float* w = static_cast<const float*>(weights.untyped_data());
+  const float* w =  // [0]: unweighted (CheckLookupPool)
+      weights.element_count() == 0 ? nullptr : static_cast<const float*>(weights.untyped_data());
   const auto c = static_cast<Combiner>(combiner);
   return DispatchFloat<HostBf16>("lookup_pool", "table", table.element_type(), [&](auto t) {
     return DispatchFloat<HostBf16>("lookup_pool", "output", out->element_type(), [&](auto o) {

@@ -59,10 +59,14 @@ struct Args {
   bool ids64;
   const void* seg;
   bool seg64;
-  const float* w;
+  const float* w;  // [N], or null: every weight is 1
   int64_t n, vocab, d, num_segments;
   Combiner combiner;
 };
+
+__device__ __forceinline__ float WeightAt(const Args& a, int64_t i) {
+  return a.w != nullptr ? a.w[i] : 1.0f;
+}
 
 __device__ __forceinline__ int64_t ValidId(const Args& a, int64_t i) {
   int64_t x = DevLoadIdAny(a.ids, a.ids64, i);
@@ -137,7 +141,7 @@ __global__ void __launch_bounds__(128)
         float my_w = 0.0f;
         if (i < hi) {
           my_id = ValidId(a, i);
-          if (my_id >= 0) my_w = a.w[i];
+          if (my_id >= 0) my_w = WeightAt(a, i);
         }
         if (c0 == 0) part += sqrtn ? my_w * my_w : my_w;
         const int cnt = hi - b < 32 ? static_cast<int>(hi - b) : 32;
@@ -189,7 +193,8 @@ __global__ void DenomKernel(Args a, float* denom, const int32_t* only_if) {
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t s = DevLoadIdAny(a.seg, a.seg64, i);
     if (s < 0 || s >= a.num_segments || ValidId(a, i) < 0) continue;
-    atomicAdd(denom + s, a.combiner == Combiner::SQRTN ? a.w[i] * a.w[i] : a.w[i]);
+    const float wi = WeightAt(a, i);
+    atomicAdd(denom + s, a.combiner == Combiner::SQRTN ? wi * wi : wi);
   }
 }
 
@@ -204,7 +209,7 @@ __global__ void PoolAtomicKernel(const T* __restrict__ table, Args a, const floa
     const int64_t s = DevLoadIdAny(a.seg, a.seg64, i);
     const int64_t id = ValidId(a, i);
     if (s < 0 || s >= a.num_segments || id < 0) continue;
-    const float c = a.w[i] * ScaleFor(a.combiner, denom[s]);
+    const float c = WeightAt(a, i) * ScaleFor(a.combiner, denom[s]);
     for (int64_t j = lane; j < a.d; j += 32) {
       atomicAdd(acc + s * a.d + j, c * DevElem<T>::Load(table, id * a.d + j));
     }
@@ -218,7 +223,7 @@ __global__ void GatherRowsKernel(const T* __restrict__ table, Args a, O* __restr
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
        i < a.n; i += warps) {
     const int64_t id = ValidId(a, i);
-    const float wi = id >= 0 ? a.w[i] : 0.0f;
+    const float wi = id >= 0 ? WeightAt(a, i) : 0.0f;
     for (int64_t j = lane; j < a.d; j += 32) {
       DevElem<O>::Store(out, i * a.d + j, id >= 0 ? wi * DevElem<T>::Load(table, id * a.d + j) : 0.0f);
     }
@@ -298,7 +303,8 @@ ffi::Error LookupPoolCudaImpl(cudaStream_t stream, ffi::AnyBuffer table, ffi::An
          ids.element_type() == ffi::DataType::S64,
          seg.untyped_data(),
          seg.element_type() == ffi::DataType::S64,
-         static_cast<const float*>(weights.untyped_data()),
+         weights.element_count() == 0 ? nullptr  // [0]: unweighted (CheckLookupPool)
+                                      : static_cast<const float*>(weights.untyped_data()),
          n,
          table.dimensions()[0],
          table.dimensions()[1],

@@ -31,7 +31,8 @@ inline ffi::Error CheckSegmentSum(const ffi::AnyBuffer& values, const ffi::AnyBu
 }
 
 // embark_lookup_pool: table [V, D] and output [S, D] (or [N, D] for NONE) f32/bf16; ids,
-// segment_ids [N] int; weights [N] f32; an ABI combiner id.
+// segment_ids [N] int; weights [N] f32, or [0] for unweighted (every weight 1: no [N] array
+// to fill and read); an ABI combiner id.
 inline ffi::Error CheckLookupPool(const ffi::AnyBuffer& table, const ffi::AnyBuffer& ids,
                                   const ffi::AnyBuffer& seg, const ffi::AnyBuffer& weights,
                                   const ffi::AnyBuffer& out, int64_t combiner) {
@@ -41,13 +42,13 @@ inline ffi::Error CheckLookupPool(const ffi::AnyBuffer& table, const ffi::AnyBuf
   if (c.failed()) return c.error();
   c.Dim("output", out, 1, table.dimensions()[1], "D, the table's width")
       .Count("segment_ids", seg, n, "[N], one per id")
-      .Count("weights", weights, n, "[N], one per id")
       .IdType("ids", ids.element_type())
       .IdType("segment_ids", seg.element_type())
       .Type("weights", weights.element_type(), ffi::DataType::F32)
       .FloatType("table", table.element_type())
       .FloatType("output", out.element_type())
       .Attr("combiner", combiner, abi::kCombinerNames, abi::kNumCombiners);
+  if (weights.element_count() != 0) c.Count("weights", weights, n, "[N], one per id, or [0]");
   if (combiner == static_cast<int64_t>(abi::Combiner::NONE)) {
     c.Dim("output", out, 0, n, "N: combiner NONE gives a row per id");
   }
