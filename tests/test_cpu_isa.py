@@ -171,3 +171,29 @@ def test_bad_environment_switches_are_one_line_errors(env, message):
     r = _child(env)
     assert r.returncode != 0
     assert message in r.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
+def test_every_isa_rounds_bf16_outputs_to_nearest_even_bit_for_bit(isa):
+    """A bfloat16 output row is stored a vector at a time (tail in scalar code); every path must
+    round as ml_dtypes does: exact ties both ways, the largest floats (to inf), inf, NaN."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(8, 40)).astype(np.float32) * np.float32(1e3)
+    bits = x.view(np.uint32)
+    bits[0, :20] = (bits[0, :20] & 0xFFFF0000) | 0x8000  # exact ties, odd and even
+    x[1, :6] = [
+        np.inf,
+        -np.inf,
+        np.nan,
+        3.4028235e38,
+        -3.4028235e38,
+        1e-30,
+    ]  # XLA flushes denormals
+    table = jnp.asarray(x)
+    ids = jnp.arange(8, dtype=jnp.int32)
+    got = ops.lookup_pool(table, ids, ids, 8, out_dtype=jnp.bfloat16, indices_are_sorted=True)
+    got = np.asarray(got.astype(jnp.float32))
+    want = np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32))
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan], want[~nan])

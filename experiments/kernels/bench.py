@@ -65,12 +65,25 @@ LIBS = ("embark", "xla", "torch")
 TOLERANCE = {  # (rtol, atol) of each library's sample against the reference's
     "forward": (1e-4, 1e-3),
     "forward_bf16": (2e-2, 5e-2),
-    "backward_update": (1e-4, 1e-4),
-    "backward_two_op": (1e-4, 1e-4),
-    "train_step": (1e-4, 1e-4),
+    "backward_update": (1e-4, 5e-4),  # atol per SGD step (UPDATING)
+    "backward_two_op": (1e-4, 5e-4),
+    "train_step": (1e-4, 5e-4),
     "unique": (0.0, 0.0),
     "segment_sum": (1e-4, 1e-3),
 }
+
+
+# The updating ops are compared after every library applied the same number of SGD steps; a
+# hot row sums ~10^4 float32 gradients per step, in another order in each library, so the
+# tables drift apart by about 2e-4 per step (measured: torch vs XLA, 3.4e-3 after 17 steps at
+# lr 0.01) while a wrong update is off by ~lr * |sum of gradients| ~ 1 per step.
+UPDATING = ("backward_update", "backward_two_op", "train_step")
+
+
+def sgd_steps(s: Settings) -> int:
+    """Calls each implementation of an op gets: warm-up, then per round untimed + timed."""
+    rounds = -(-s.repeats // s.reps_per_round)
+    return s.warmup + rounds * s.warm_per_turn + s.repeats
 
 
 class WorkerError(RuntimeError):
@@ -188,11 +201,14 @@ def measure_op(
     return times, errors, samples
 
 
-def check_samples(op: str, samples: dict, reference: np.ndarray | None) -> dict:
-    """Each implementation's sample against the reference (XLA's, else ours)."""
+def check_samples(op: str, samples: dict, reference: np.ndarray | None, steps: int = 1) -> dict:
+    """Each implementation's sample against the reference (XLA's, else ours); the updating
+    ops' atol is per SGD step (`steps` applied)."""
     if reference is None:
         return {}
     rtol, atol = TOLERANCE[op]
+    if op in UPDATING:
+        atol *= steps
     out = {}
     for impl, x in samples.items():
         same = x.shape == reference.shape
@@ -228,12 +244,12 @@ def bench_point(workers: list[Worker], p: Point, s: Settings, copy_GBps=None) ->
         measured |= by_op(op, *measure_op(workers, op, s, extra))
         for o in [op, *extra]:
             times, errors, samples = measured.get(o, ({}, {}, {}))
-            pt[o] = op_result(o, p, u, times, errors, samples, pt, refs, copy_GBps)
+            pt[o] = op_result(o, p, u, times, errors, samples, pt, refs, copy_GBps, sgd_steps(s))
             print(progress_line(o, pt[o]), flush=True)
     return pt
 
 
-def op_result(op, p, u, times, errors, samples, pt, refs, copy_GBps) -> dict:
+def op_result(op, p, u, times, errors, samples, pt, refs, copy_GBps, steps=1) -> dict:
     """The record of one op at point `p` (`pt`: the point's records so far, `refs`: each
     op's reference sample so far)."""
     nbytes = P.op_bytes(op, p, u)
@@ -243,7 +259,7 @@ def op_result(op, p, u, times, errors, samples, pt, refs, copy_GBps) -> dict:
     rec = report.op_record(op, nbytes, libs, peer_libs, copy_GBps)
     refs[op] = next((samples[k] for k in ("xla", "embark") if k in samples), None)
     rec["errors"] = errors
-    rec["check"] = check_samples(op, samples, refs.get(peer, refs[op]))
+    rec["check"] = check_samples(op, samples, refs.get(peer, refs[op]), steps)
     return rec
 
 

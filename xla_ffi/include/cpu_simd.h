@@ -40,6 +40,16 @@ struct ScalarVec {
   static inline V Add(V a, V b) { return a + b; }
   static inline V Mul(V a, V b) { return a * b; }
   static inline void Store(float* p, V v) { *p = v; }
+  // bfloat16, rounded to nearest even (NaN stays NaN): FloatToBf16 of embark_ffi.h.
+  static inline void StoreBf16(uint16_t* p, V v) {
+    uint32_t bits;
+    __builtin_memcpy(&bits, &v, sizeof(bits));
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+      *p = static_cast<uint16_t>((bits >> 16) | 0x40);
+      return;
+    }
+    *p = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  }
 };
 
 #if EMBARK_HAVE_X86_SIMD
@@ -60,6 +70,19 @@ struct Avx2Vec {
   static inline V Add(V a, V b) { return _mm256_add_ps(a, b); }
   static inline V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static inline void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static inline void StoreBf16(uint16_t* p, V v) {  // as ScalarVec::StoreBf16, 8 at a time
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i hi = _mm256_srli_epi32(bits, 16);
+    const __m256i odd = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
+    const __m256i mag = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+    const __m256i nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7f800000));  // mag >= 0
+    const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+    const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);  // each lane <= 0xffff
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
 };
 #pragma GCC pop_options
 
@@ -79,6 +102,18 @@ struct Avx512Vec {
   static inline V Add(V a, V b) { return _mm512_add_ps(a, b); }
   static inline V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static inline void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static inline void StoreBf16(uint16_t* p, V v) {  // as ScalarVec::StoreBf16, 16 at a time
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i hi = _mm512_srli_epi32(bits, 16);
+    const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+    const __m512i mag = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7f800000));
+    const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
+    const __m512i r = _mm512_mask_blend_epi32(nan, rounded, quiet);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
 };
 #pragma GCC pop_options
 
