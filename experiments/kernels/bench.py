@@ -5,7 +5,8 @@ each other in one process), all with the same thread count. Per op, the driver s
 in every worker (compile + warm-up), then runs `repeats` repetitions in rounds: each round
 gives every implementation a turn, one process at a time, the starting implementation
 rotating round by round, with a short idle gap between processes (spinning pool threads go to
-sleep). A turn is `warm_per_turn` untimed calls, then `reps_per_round` timed ones, so a timed
+sleep: 8 ms, past the ~4.4 ms torch's OpenMP workers stay busy after a call, measured here, so
+no library is timed while another's threads still hold a core). A turn is `warm_per_turn` untimed calls, then `reps_per_round` timed ones, so a timed
 call is a steady-state call, as in a training loop: on the shared 2-core VM a call that came
 right after the machine idled (the earlier design: one timed call after a 20 ms gap) took
 3-10x longer for every library, which measured the VM's wake-up, not the kernels. Our two-op backward, which no peer has, is timed in the fused
@@ -141,7 +142,7 @@ class Settings:
     reps_per_round: int = 3
     warm_per_turn: int = 2
     warmup: int = 2
-    gap_s: float = 0.002
+    gap_s: float = 0.008
     seed: int = P.SEED
     threads: int = 0  # 0: the CPUs this process may run on
     ops: tuple[str, ...] = P.OPS

@@ -2,9 +2,10 @@
 //
 // Why not XLA's intra-op pool (ffi::ThreadPool)? Measured here, a task scheduled on it starts
 // ~65 us later (its threads sleep between ops), so a kernel of 100-200 us ran on the calling
-// thread alone. These workers instead spin for a short while (kSpin) after each job, as
-// OpenMP's do, so back-to-back kernel calls find them awake; then they sleep on a condition
-// variable and cost nothing.
+// thread alone. These workers instead spin for a short while (kSpin) after each job, then
+// yield the CPU in a loop for a few milliseconds (kYield), as OpenMP's workers stay busy after
+// a region, so kernel calls a few milliseconds apart find them awake; then they sleep on a
+// condition variable and cost nothing.
 //
 // One job at a time: a call that finds the pool busy (several devices of one process calling
 // kernels concurrently), or that comes from inside a job (a nested ParallelFor), runs its
@@ -29,7 +30,8 @@
 namespace embark {
 namespace {
 
-constexpr auto kSpin = std::chrono::microseconds(200);
+constexpr auto kSpin = std::chrono::microseconds(200);   // then yield the CPU while waiting
+constexpr auto kYield = std::chrono::milliseconds(5);     // then sleep on the condition variable
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -111,14 +113,23 @@ class SpinPool {
     }
   }
 
-  // Spins, then sleeps, until gen_ moves past `seen`; returns the new generation.
+  // Spins, then yields, then sleeps, until gen_ moves past `seen`; returns the new generation.
+  // Yielding keeps the worker awake (a sleeping worker took ~0.1-1 ms to wake here, so a
+  // kernel called every few ms ran on its caller alone) while any other runnable thread, such
+  // as XLA's own, gets the CPU: libgomp's workers likewise stay busy ~4 ms after a region.
   uint64_t WaitForJob(uint64_t seen) {
-    const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+    const auto start = std::chrono::steady_clock::now();
     for (int i = 0;; ++i) {
       const uint64_t g = gen_.load();
       if (g != seen) return g;
       CpuRelax();
-      if ((i & 255) == 255 && std::chrono::steady_clock::now() > spin_until) break;
+      if ((i & 255) == 255 && std::chrono::steady_clock::now() - start > kSpin) break;
+    }
+    for (;;) {
+      const uint64_t g = gen_.load();
+      if (g != seen) return g;
+      sched_yield();
+      if (std::chrono::steady_clock::now() - start > kYield) break;
     }
     sleepers_.fetch_add(1);
     std::unique_lock<std::mutex> lock(sleep_mu_);
