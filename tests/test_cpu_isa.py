@@ -197,3 +197,16 @@ def test_every_isa_rounds_bf16_outputs_to_nearest_even_bit_for_bit(isa):
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(got), nan)
     np.testing.assert_array_equal(got[~nan], want[~nan])
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
+def test_every_isa_rounds_bf16_segment_sums_once_bit_for_bit(isa):
+    """segment_sum of bfloat16 adds in float32 and rounds each output element once, a vector
+    at a time: two rows per segment, so the float32 sum is the same single add as numpy's."""
+    rng = np.random.default_rng(8)
+    v = jnp.asarray(rng.normal(size=(64, 40)) * 100.0, jnp.bfloat16)
+    seg = jnp.repeat(jnp.arange(32, dtype=jnp.int32), 2)
+    got = np.asarray(ops.segment_sum(v, seg, 32).astype(jnp.float32))
+    v32 = np.asarray(v.astype(jnp.float32))
+    want = np.asarray(jnp.asarray(v32[0::2] + v32[1::2]).astype(jnp.bfloat16).astype(jnp.float32))
+    np.testing.assert_array_equal(got, want)
