@@ -183,7 +183,10 @@ def test_plan_notes_say_how_to_get_the_json(capsys):
         ({"EMBARK_CPU_ISA": "sse9"}, "EMBARK_CPU_ISA='sse9': expected auto"),
         ({"EMBARK_CPU_THREADS": "0"}, "EMBARK_CPU_THREADS='0': expected a positive integer"),
         ({"EMBARK_CPU_THREADS": "-3"}, "EMBARK_CPU_THREADS='-3'"),
-        ({"EMBARK_HUGEPAGES": "always"}, "EMBARK_HUGEPAGES='always': expected auto or off"),
+        (
+            {"EMBARK_HUGEPAGES": "always"},
+            "EMBARK_HUGEPAGES='always': expected auto, on, 1, off or 0",
+        ),
     ],
 )
 def test_bad_kernel_environment_is_one_error_line_before_anything_runs(

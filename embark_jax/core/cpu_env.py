@@ -13,25 +13,25 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["CPU_ISAS", "check_cpu_env", "huge_page_mode_from_env"]
+__all__ = ["CPU_ISAS", "check_cpu_env", "huge_page_mode_from_env", "parse_huge_page_mode"]
 
 CPU_ISAS = ("scalar", "avx2", "avx512")
-_HUGE_PAGE_VALUES = {
-    "": "auto",
-    "auto": "auto",
-    "on": "auto",
-    "1": "auto",
-    "off": "off",
-    "0": "off",
-}
+_HUGE_PAGE_VALUES = {"auto": "auto", "on": "auto", "1": "auto", "off": "off", "0": "off"}
+
+
+def parse_huge_page_mode(value: str) -> str | None:
+    """`auto` or `off` for a huge-page switch value (auto, on, 1 / off, 0; any case, spaces
+    ignored), None for anything else."""
+    return _HUGE_PAGE_VALUES.get(str(value).strip().lower())
 
 
 def huge_page_mode_from_env() -> str:
-    """`auto` or `off`, from EMBARK_HUGEPAGES; ValueError naming the value when malformed."""
+    """`auto` or `off`, from EMBARK_HUGEPAGES (unset or empty: auto); ValueError naming the
+    value when malformed."""
     raw = os.environ.get("EMBARK_HUGEPAGES", "")
-    mode = _HUGE_PAGE_VALUES.get(raw.strip().lower())
+    mode = parse_huge_page_mode(raw) if raw.strip() else "auto"
     if mode is None:
-        raise ValueError(f"EMBARK_HUGEPAGES={raw!r}: expected auto or off")
+        raise ValueError(f"EMBARK_HUGEPAGES={raw!r}: expected auto, on, 1, off or 0")
     return mode
 
 

@@ -64,6 +64,10 @@ def lookup_pool(
         segment_ids = jnp.zeros(ids.shape, jnp.int32)
     segment_ids = jnp.asarray(segment_ids)
     _check_ids("lookup_pool segment_ids", segment_ids, ids.shape[0])
+    if weights is not None and jnp.shape(weights) != ids.shape:
+        raise ValueError(
+            f"lookup_pool: weights must be [N] = {ids.shape}, got {jnp.shape(weights)}"
+        )
     out_dtype = jnp.dtype(out_dtype or table.dtype)
     use_ffi = (
         resolve(backend) is Backend.FFI
@@ -78,8 +82,6 @@ def lookup_pool(
         w = jnp.zeros((0,), jnp.float32)
     else:
         w = jnp.asarray(weights, jnp.float32)
-        if w.shape != ids.shape:
-            raise ValueError(f"lookup_pool: weights must be [N] = {ids.shape}, got {w.shape}")
     return _lookup_pool_ffi(
         table, ids, segment_ids, w, num_segments, combiner.value, out_dtype, indices_are_sorted
     )

@@ -26,7 +26,12 @@ import threading
 import jax
 import jaxlib
 
-from embark_jax.core.cpu_env import CPU_ISAS, check_cpu_env, huge_page_mode_from_env
+from embark_jax.core.cpu_env import (
+    CPU_ISAS,
+    check_cpu_env,
+    huge_page_mode_from_env,
+    parse_huge_page_mode,
+)
 
 __all__ = [
     "NativeBuildError",
@@ -196,11 +201,12 @@ def huge_page_mode() -> str:
 
 
 def set_huge_page_mode(mode: str) -> str:
-    """Sets the mode (`auto` or `off`) from the next kernel call on; returns the previous one.
-    `EMBARK_HUGEPAGES` does the same for a whole process. ValueError for another name."""
-    key = str(mode).strip().lower()
-    if key not in ("auto", "off"):
-        raise ValueError(f"huge page mode must be auto or off; got {mode!r}")
+    """Sets the mode from the next kernel call on (`auto`, also `on`/`1`; `off`, also `0`, as
+    `EMBARK_HUGEPAGES` takes them for a whole process) and returns the previous one.
+    ValueError for another name."""
+    key = parse_huge_page_mode(mode)
+    if key is None:
+        raise ValueError(f"huge page mode must be auto, on, 1, off or 0; got {mode!r}")
     m = _cpu_module()
     previous = str(m.huge_page_mode())
     m.set_huge_page_mode(key == "auto")
@@ -209,12 +215,13 @@ def set_huge_page_mode(mode: str) -> str:
 
 def huge_pages(array: jax.Array) -> int:
     """Moves the CPU buffers of `array` (each addressable shard on a CPU device) onto
-    transparent huge pages now, and returns the bytes moved: only the 2 MiB-aligned interior of
-    a buffer of at least 8 MiB, so small arrays give 0, as do arrays on other devices, and pages
-    never written (a zero-filled table) are not counted: they get huge pages when first
-    written. The data is unchanged. Raises OSError with the OS's reason when it refuses (THP switched off, a
-    kernel before Linux 6.1) and TypeError for anything but a `jax.Array`. Auto mode does the
-    same in the background; this is for doing it before a timed loop."""
+    transparent huge pages now, and returns the bytes advised: the 2 MiB-aligned interior of
+    each buffer of at least 8 MiB (pages already huge count too; small arrays and arrays on
+    other devices give 0; 2 MiB regions never written, which cannot be collapsed, are left out
+    and get huge pages when first written). The data is unchanged. Raises OSError with the OS's
+    reason when it refuses (THP switched off, a kernel before Linux 6.1), TypeError for anything
+    but a `jax.Array`. Auto mode does the same in the background; this is for doing it before a
+    timed loop."""
     if not isinstance(array, jax.Array):
         raise TypeError(f"huge_pages: array must be a jax.Array; got {type(array).__name__}")
     m = _cpu_module()
@@ -232,12 +239,14 @@ def huge_pages(array: jax.Array) -> int:
 
 
 def huge_page_stats() -> dict[str, int]:
-    """What auto mode did in this process: tables `queued` for the background thread, of those
-    `advised` and `failed`, `bytes` moved, and the `last_error` (errno) of a failure."""
+    """What auto mode did in this process: advice requests `queued` for the background thread
+    (a table again each time it is re-checked), of those `advised` and `failed`, the `bytes`
+    the successful ones covered (already huge ones included), and the `last_error` (errno) of
+    a failure."""
     return {k: int(v) for k, v in _cpu_module().huge_page_stats().items()}
 
 
 def wait_huge_pages(timeout_s: float = 60.0) -> bool:
     """Waits, at most `timeout_s` seconds, until auto mode's background thread has handled every
     table queued so far; returns whether it had."""
-    return bool(_cpu_module().wait_huge_pages(float(timeout_s)))
+    return bool(_cpu_module().wait_huge_pages(min(max(float(timeout_s), 0.0), 1e6)))

@@ -152,7 +152,8 @@ class Lib:
         if self.lib == "embark":  # steady state: the tables the warm-up saw are on huge pages
             from embark_jax.ops import native
 
-            native.wait_huge_pages(300)
+            if not native.wait_huge_pages(300):
+                print("warning: huge-page advice still running; timing anyway", file=sys.stderr)
         return {"impls": list(self.cases), "errors": errors}
 
     def run(self, msg) -> dict:

@@ -14,6 +14,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25  // Linux 6.1; older headers lack the name
@@ -23,7 +24,7 @@ namespace embark {
 namespace {
 
 constexpr int64_t kSlice = int64_t{32} << 20;  // one MADV_COLLAPSE call: stops early if freed
-constexpr int kRegistry = 64;                  // tables remembered (address, size)
+constexpr size_t kRegistry = 4096;             // tables remembered (address, size), LRU
 using Clock = std::chrono::steady_clock;
 // A table seen again is advised again after this long (then twice as long each time the
 // advice found 4 KiB pages to move: a buffer replaced at the same address by every step).
@@ -37,6 +38,7 @@ std::atomic<int> g_mode{static_cast<int>(HugePageMode::AUTO)};
 struct Range {
   uintptr_t addr = 0;
   int64_t bytes = 0;
+  bool operator==(const Range& o) const { return addr == o.addr && bytes == o.bytes; }
 };
 
 // The tables seen lately and the background thread's queue; one mutex guards both. XLA may
@@ -46,17 +48,18 @@ struct Range {
 class Advisor {
  public:
   void Note(const void* p, int64_t bytes) {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const Range r{reinterpret_cast<uintptr_t>(p), bytes};
     const Clock::time_point now = Clock::now();
     std::lock_guard<std::mutex> lock(mu_);
-    for (Entry& e : seen_) {
-      if (e.range.addr == a && e.range.bytes == bytes) {
-        if (!e.queued && ++e.calls >= 2 && now >= e.due) Enqueue(e);
-        return;
-      }
+    auto it = seen_.find(r);
+    if (it == seen_.end()) {
+      if (seen_.size() >= kRegistry) EvictOldest();
+      seen_.emplace(r, Entry{1, false, false, now, now, kRecheck});
+      return;
     }
-    seen_[next_] = Entry{{a, bytes}, 1, false, false, now, kRecheck};
-    next_ = (next_ + 1) % kRegistry;
+    Entry& e = it->second;
+    e.last_seen = now;
+    if (!e.queued && ++e.calls >= 2 && now >= e.due) Enqueue(r, e);
   }
 
   HugePageStats Stats() {
@@ -72,16 +75,32 @@ class Advisor {
 
  private:
   struct Entry {
-    Range range;
     int calls = 0;
     bool queued = false, advised = false;
     Clock::time_point due;                 // not queued again before
+    Clock::time_point last_seen;
     Clock::duration interval = kRecheck;  // the wait after the next advice
   };
+  struct RangeHash {
+    size_t operator()(const Range& r) const {
+      return std::hash<uintptr_t>()(r.addr) ^ (std::hash<int64_t>()(r.bytes) * 31);
+    }
+  };
 
-  void Enqueue(Entry& e) {  // mu_ held
+  void EvictOldest() {  // mu_ held; rare: only with kRegistry tables in use
+    auto oldest = seen_.end();
+    for (auto it = seen_.begin(); it != seen_.end(); ++it) {
+      if (!it->second.queued && (oldest == seen_.end() ||
+                                 it->second.last_seen < oldest->second.last_seen)) {
+        oldest = it;
+      }
+    }
+    if (oldest != seen_.end()) seen_.erase(oldest);
+  }
+
+  void Enqueue(const Range& r, Entry& e) {  // mu_ held
     e.queued = true;
-    queue_.push_back(e.range);
+    queue_.push_back(r);
     ++stats_.queued;
     if (!started_) {
       started_ = true;
@@ -91,11 +110,12 @@ class Advisor {
   }
 
   void Done(const Range& r, int64_t got, Clock::duration took) {  // mu_ held
-    for (Entry& e : seen_) {
-      if (e.range.addr != r.addr || e.range.bytes != r.bytes) continue;
+    auto it = seen_.find(r);
+    if (it != seen_.end()) {
+      Entry& e = it->second;
       e.queued = false;
       e.calls = 0;
-      // Replaced since the last advice, or refused by the OS: back off.
+      // Replaced since the last advice (it had pages to move again), or refused: back off.
       if ((e.advised && took > kMovedSomething) || got < 0) {
         e.interval = std::min<Clock::duration>(2 * e.interval, kMaxRecheck);
       }
@@ -132,8 +152,7 @@ class Advisor {
 
   std::mutex mu_;
   std::condition_variable work_, idle_;
-  Entry seen_[kRegistry];
-  int next_ = 0;
+  std::unordered_map<Range, Entry, RangeHash> seen_;
   std::deque<Range> queue_;
   bool started_ = false, working_ = false;
   HugePageStats stats_;
@@ -160,9 +179,16 @@ int64_t AdviseHugePages(const void* p, int64_t bytes) {
     const uintptr_t len = hi - a < static_cast<uintptr_t>(kSlice) ? hi - a : kSlice;
     if (madvise(reinterpret_cast<void*>(a), len, MADV_COLLAPSE) == 0) {
       moved += static_cast<int64_t>(len);
-    } else {
-      error = errno;
-      if (error == ENOMEM) break;  // no longer mapped: the buffer was freed
+      continue;
+    }
+    error = errno;
+    if (error == ENOMEM) break;  // no longer mapped: the buffer was freed
+    // Some 2 MiB region of the slice could not be collapsed (never written: EINVAL); the
+    // others still can, one at a time.
+    for (uintptr_t h = a; h < a + len; h += static_cast<uintptr_t>(kHugePageBytes)) {
+      if (madvise(reinterpret_cast<void*>(h), kHugePageBytes, MADV_COLLAPSE) == 0) {
+        moved += kHugePageBytes;
+      }
     }
   }
   return moved > 0 || error == 0 ? moved : -error;
