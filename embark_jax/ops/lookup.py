@@ -102,14 +102,11 @@ def _lp_bwd(num_segments, combiner, out_dtype, srt, res, g):
     # The dense-gradient path (jax.grad, small tables): the reference's VJP is the ground
     # truth. Training never comes here; it uses lookup_pool_backward + sparse_update.
     table, ids, segment_ids, weights = res
-    if weights.shape != ids.shape:  # unweighted ([0]): no weight gradient
-        _, vjp = jax.vjp(
-            lambda t: reference.lookup_pool(t, ids, segment_ids, num_segments, None, combiner),
-            table,
-        )
-        return vjp(g.astype(table.dtype))[0], None, None, jnp.zeros_like(weights)
+    unweighted = weights.shape != ids.shape  # the [0] form: its cotangent is [0] zeros
     _, vjp = jax.vjp(
-        lambda t, w: reference.lookup_pool(t, ids, segment_ids, num_segments, w, combiner),
+        lambda t, w: reference.lookup_pool(
+            t, ids, segment_ids, num_segments, None if unweighted else w, combiner
+        ),
         table,
         weights,
     )

@@ -172,8 +172,8 @@ int64_t AdviseHugePages(const void* p, int64_t bytes) {
   const uintptr_t lo = (begin + mask) & ~mask, hi = (begin + bytes) & ~mask;
   if (hi <= lo) return 0;
   if (madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE) != 0) return -errno;
-  // Pages not yet touched (a calloc'ed table) cannot be collapsed (EINVAL); the advice above
-  // gives them huge pages when first written. So a slice that fails is skipped, not fatal.
+  // Pages never written cannot be collapsed (EINVAL); the advice above gives them huge pages
+  // when first written. A slice that fails is retried region by region below.
   int64_t moved = 0, error = 0;
   for (uintptr_t a = lo; a < hi; a += kSlice) {
     const uintptr_t len = hi - a < static_cast<uintptr_t>(kSlice) ? hi - a : kSlice;

@@ -61,9 +61,8 @@ ffi::Error SparseGradUpdateImpl(
                                          *slot_b_out, *num_unique);
   if (err.failure()) return err;
   CopyIfNotAliased(table_out->untyped_data(), table.untyped_data(), table.size_bytes());
-  if (table_out->untyped_data() == table.untyped_data()) {  // in place: the same buffer each step
-    NoteRandomAccess(table.untyped_data(), static_cast<int64_t>(table.size_bytes()));
-  }
+  NoteUpdatedTable(table.untyped_data(), table_out->untyped_data(),
+                   static_cast<int64_t>(table.size_bytes()));
   CopyIfNotAliased(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes());
   CopyIfNotAliased(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes());
   const int64_t n = static_cast<int64_t>(ids.element_count());

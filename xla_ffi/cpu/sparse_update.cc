@@ -53,9 +53,8 @@ ffi::Error SparseUpdateImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buf
   const int64_t n = grads.dimensions()[0];
   // The outputs alias the inputs (input_output_aliases); copy only if XLA did not alias.
   CopyIfNotAliased(table_out->untyped_data(), table.untyped_data(), table.size_bytes());
-  if (table_out->untyped_data() == table.untyped_data()) {  // in place: the same buffer each step
-    NoteRandomAccess(table.untyped_data(), static_cast<int64_t>(table.size_bytes()));
-  }
+  NoteUpdatedTable(table.untyped_data(), table_out->untyped_data(),
+                   static_cast<int64_t>(table.size_bytes()));
   CopyIfNotAliased(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes());
   CopyIfNotAliased(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes());
   const abi::Hparams hp = abi::LoadHparams(hparams.typed_data());

@@ -39,6 +39,12 @@ int64_t AdviseHugePages(const void* p, int64_t bytes);
 // Auto mode's hook, called by a kernel once per call for a table it reads at random.
 void NoteRandomAccess(const void* p, int64_t bytes);
 
+// The update kernels' hook: a table updated in place (output aliased to input, the buffer
+// donated) is the same buffer step after step, so worth advising; a fresh copy is not.
+inline void NoteUpdatedTable(const void* in, const void* out, int64_t bytes) {
+  if (in == out) NoteRandomAccess(in, bytes);
+}
+
 HugePageMode GetHugePageMode();
 void SetHugePageMode(HugePageMode mode);
 

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "host_bf16.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define EMBARK_HAVE_X86_SIMD 1
@@ -30,26 +32,12 @@ struct ScalarVec {
   static inline V Zero() { return 0.0f; }
   static inline V Set1(float x) { return x; }
   static inline V Load(const float* p) { return *p; }
-  static inline V Load(const uint16_t* p) {
-    uint32_t bits = static_cast<uint32_t>(*p) << 16;
-    float f;
-    __builtin_memcpy(&f, &bits, sizeof(f));
-    return f;
-  }
+  static inline V Load(const uint16_t* p) { return Bf16ToFloat(*p); }
   static inline V Fma(V a, V b, V c) { return a * b + c; }
   static inline V Add(V a, V b) { return a + b; }
   static inline V Mul(V a, V b) { return a * b; }
   static inline void Store(float* p, V v) { *p = v; }
-  // bfloat16, rounded to nearest even (NaN stays NaN): FloatToBf16 of embark_ffi.h.
-  static inline void StoreBf16(uint16_t* p, V v) {
-    uint32_t bits;
-    __builtin_memcpy(&bits, &v, sizeof(bits));
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-      *p = static_cast<uint16_t>((bits >> 16) | 0x40);
-      return;
-    }
-    *p = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-  }
+  static inline void StoreBf16(uint16_t* p, V v) { *p = FloatToBf16(v); }  // host_bf16.h
 };
 
 #if EMBARK_HAVE_X86_SIMD
@@ -70,7 +58,7 @@ struct Avx2Vec {
   static inline V Add(V a, V b) { return _mm256_add_ps(a, b); }
   static inline V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static inline void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static inline void StoreBf16(uint16_t* p, V v) {  // as ScalarVec::StoreBf16, 8 at a time
+  static inline void StoreBf16(uint16_t* p, V v) {  // FloatToBf16, 8 at a time
     const __m256i bits = _mm256_castps_si256(v);
     const __m256i hi = _mm256_srli_epi32(bits, 16);
     const __m256i odd = _mm256_and_si256(hi, _mm256_set1_epi32(1));
@@ -102,7 +90,7 @@ struct Avx512Vec {
   static inline V Add(V a, V b) { return _mm512_add_ps(a, b); }
   static inline V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static inline void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static inline void StoreBf16(uint16_t* p, V v) {  // as ScalarVec::StoreBf16, 16 at a time
+  static inline void StoreBf16(uint16_t* p, V v) {  // FloatToBf16, 16 at a time
     const __m512i bits = _mm512_castps_si512(v);
     const __m512i hi = _mm512_srli_epi32(bits, 16);
     const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));

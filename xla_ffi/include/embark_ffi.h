@@ -9,27 +9,12 @@
 #include <mutex>
 #include <string>
 
+#include "host_bf16.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace embark {
 
 namespace ffi = xla::ffi;
-
-// bfloat16 <-> float on the host: a bf16 is the upper 16 bits of an IEEE float.
-inline float Bf16ToFloat(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-inline uint16_t FloatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
-  uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
 
 // How the CPU kernels store a bfloat16 (the Bf16 argument of DispatchFloat on the CPU).
 using HostBf16 = uint16_t;
