@@ -187,6 +187,7 @@ def test_plan_notes_say_how_to_get_the_json(capsys):
             {"EMBARK_HUGEPAGES": "always"},
             "EMBARK_HUGEPAGES='always': expected auto, on, 1, off or 0",
         ),
+        ({"EMBARK_MALLOC": "jemalloc"}, "EMBARK_MALLOC='jemalloc': expected auto, on, 1, off"),
     ],
 )
 def test_bad_kernel_environment_is_one_error_line_before_anything_runs(

@@ -7,13 +7,25 @@ line checks them before a command runs; `embark_jax.ops.native` before the kerne
   CPUs the process may use).
 - `EMBARK_HUGEPAGES`: `auto` (default; also `on`, `1`) or `off` (`0`): whether the kernels move
   the tables they read at random onto transparent huge pages (docs/design.md §7).
+- `EMBARK_MALLOC`: `auto` (default; also `on`, `1`) or `off` (`0`): whether loading the kernels
+  sets glibc's mmap and trim thresholds to the values its own rule converges to, so that large
+  outputs reuse memory instead of faulting fresh pages in at each call (docs/design.md §7). A
+  process that sets glibc's malloc thresholds itself (`MALLOC_MMAP_THRESHOLD_`,
+  `MALLOC_TRIM_THRESHOLD_`, or those `GLIBC_TUNABLES`) keeps its own.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["CPU_ISAS", "check_cpu_env", "huge_page_mode_from_env", "parse_huge_page_mode"]
+__all__ = [
+    "CPU_ISAS",
+    "check_cpu_env",
+    "huge_page_mode_from_env",
+    "malloc_mode_from_env",
+    "parse_huge_page_mode",
+    "user_sets_malloc",
+]
 
 CPU_ISAS = ("scalar", "avx2", "avx512")
 _HUGE_PAGE_VALUES = {"auto": "auto", "on": "auto", "1": "auto", "off": "off", "0": "off"}
@@ -35,6 +47,28 @@ def huge_page_mode_from_env() -> str:
     return mode
 
 
+def malloc_mode_from_env() -> str:
+    """`auto` or `off`, from EMBARK_MALLOC (unset or empty: auto; the huge-page switch's
+    spellings); ValueError naming the value when malformed."""
+    raw = os.environ.get("EMBARK_MALLOC", "")
+    mode = parse_huge_page_mode(raw) if raw.strip() else "auto"
+    if mode is None:
+        raise ValueError(f"EMBARK_MALLOC={raw!r}: expected auto, on, 1, off or 0")
+    return mode
+
+
+_USER_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+_USER_MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold")
+
+
+def user_sets_malloc() -> bool:
+    """Whether this process chose glibc's malloc thresholds itself (its environment)."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    return any(os.environ.get(k, "").strip() for k in _USER_MALLOC_ENV) or any(
+        t in tunables for t in _USER_MALLOC_TUNABLES
+    )
+
+
 def check_cpu_env() -> None:
     """Raises ValueError naming the variable and value when a switch is malformed."""
     isa = os.environ.get("EMBARK_CPU_ISA", "").strip().lower()
@@ -49,3 +83,4 @@ def check_cpu_env() -> None:
             f"EMBARK_CPU_THREADS={os.environ['EMBARK_CPU_THREADS']!r}: expected a positive integer"
         )
     huge_page_mode_from_env()
+    malloc_mode_from_env()

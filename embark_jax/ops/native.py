@@ -30,7 +30,9 @@ from embark_jax.core.cpu_env import (
     CPU_ISAS,
     check_cpu_env,
     huge_page_mode_from_env,
+    malloc_mode_from_env,
     parse_huge_page_mode,
+    user_sets_malloc,
 )
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "huge_page_mode",
     "huge_page_stats",
     "huge_pages",
+    "malloc_mode",
     "registered_targets",
     "set_cpu_isa",
     "set_huge_page_mode",
@@ -53,6 +56,7 @@ __all__ = [
 _REGISTERED: dict[str, set[str]] = {}
 _REGISTER_LOCK = threading.Lock()
 _registered_all = False
+_MALLOC_MODE = "off"  # set once by ensure_registered (_apply_malloc_mode)
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -134,9 +138,31 @@ def ensure_registered() -> None:
         importlib.import_module("embark_jax._ffi_cpu").set_huge_page_mode(
             huge_page_mode_from_env() == "auto"
         )
+        _apply_malloc_mode(importlib.import_module("embark_jax._ffi_cpu"))
         if info.CUDA_BUILT and _cuda_plugin_installed():
             _register("embark_jax._ffi_cuda", "CUDA")
         _registered_all = True
+
+
+def _apply_malloc_mode(module) -> None:
+    """EMBARK_MALLOC (core/cpu_env.py), once, when the kernels load."""
+    global _MALLOC_MODE
+    if malloc_mode_from_env() == "off":
+        _MALLOC_MODE = "off"
+    elif user_sets_malloc():
+        _MALLOC_MODE = "user"
+    else:
+        done = int(module.tune_malloc())
+        _MALLOC_MODE = {1: "tuned", 0: "unsupported"}.get(done, "refused")
+
+
+def malloc_mode() -> str:
+    """What loading the kernels did to glibc's malloc thresholds (docs/design.md §7): `tuned`
+    (mmap threshold 32 MiB, trim threshold 64 MiB, the values glibc's own rule converges to),
+    `off` (EMBARK_MALLOC=off), `user` (the process set them itself), `unsupported` (not glibc)
+    or `refused` (glibc rejected a value; nothing else changed)."""
+    ensure_registered()
+    return _MALLOC_MODE
 
 
 def registered_targets() -> dict[str, tuple[str, ...]]:
@@ -157,6 +183,7 @@ def build_info() -> dict[str, object]:
         "cpu_isa": cpu_isa(),
         "cpu_threads": cpu_threads(),
         "huge_pages": huge_page_mode(),
+        "malloc": malloc_mode(),
     }
 
 

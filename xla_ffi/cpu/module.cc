@@ -8,6 +8,7 @@
 
 #include "cpu_hugepages.h"
 #include "cpu_isa.h"
+#include "cpu_malloc.h"
 #include "embark_ffi.h"
 #include "kernels.h"
 
@@ -66,6 +67,11 @@ PYBIND11_MODULE(_ffi_cpu, m) {
         return embark::AdviseHugePages(reinterpret_cast<const void*>(address), bytes);
       },
       "Moves the 2 MiB-aligned interior of a host buffer into huge pages now; bytes or -errno.");
+  m.def("tune_malloc", []() { return embark::TuneHostMalloc(); },
+        "Sets glibc's mmap and trim thresholds (cpu_malloc.h): 1 done, 0 not glibc, -1 refused.");
+  m.def("malloc_thresholds", []() {
+    return py::make_tuple(embark::kMallocMmapThreshold, embark::kMallocTrimThreshold);
+  });
   m.def("huge_page_mode",
         []() { return embark::GetHugePageMode() == embark::HugePageMode::AUTO ? "auto" : "off"; });
   m.def("set_huge_page_mode", [](bool on) {
