@@ -50,10 +50,18 @@ _MALLOC_ENV = (
 
 
 def _child(**env_vars):
+    return _child_code("", **env_vars)
+
+
+def _child_code(prelude, **env_vars):
     env = {k: v for k, v in os.environ.items() if k not in _MALLOC_ENV}
     env.update(env_vars)
     run = subprocess.run(
-        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", prelude + _CHILD],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 0, run.stderr
     mode, faults, pages = run.stdout.split()
@@ -74,6 +82,17 @@ def test_a_process_that_sets_glibc_thresholds_keeps_them():
     assert mode == "user"
     assert faults > pages // 2  # the user's 128 KiB thresholds, not ours: fresh pages
     assert _child(GLIBC_TUNABLES="glibc.malloc.trim_threshold=1048576")[0] == "user"
+
+
+def test_only_the_environment_the_process_started_with_counts():
+    """glibc read its settings at startup: a variable set later is not the user's choice (we
+    still tune), and one removed later still was (we leave glibc alone)."""
+    prelude = "import os; os.environ['MALLOC_TRIM_THRESHOLD_'] = '131072'\n"
+    mode, faults, pages = _child_code(prelude)
+    assert (mode, faults < pages // 20) == ("tuned", True)
+    prelude = "import os; del os.environ['MALLOC_TRIM_THRESHOLD_']\n"
+    mode, faults, pages = _child_code(prelude, MALLOC_TRIM_THRESHOLD_="131072")
+    assert mode == "user"
 
 
 def test_bad_switch_is_one_error_line():

@@ -10,8 +10,8 @@ line checks them before a command runs; `embark_jax.ops.native` before the kerne
 - `EMBARK_MALLOC`: `auto` (default; also `on`, `1`) or `off` (`0`): whether loading the kernels
   sets glibc's mmap and trim thresholds to the values its own rule converges to, so that large
   outputs reuse memory instead of faulting fresh pages in at each call (docs/design.md §7). A
-  process that sets glibc's malloc thresholds itself (`MALLOC_MMAP_THRESHOLD_`,
-  `MALLOC_TRIM_THRESHOLD_`, or those `GLIBC_TUNABLES`) keeps its own.
+  process started with glibc malloc thresholds of its own (`MALLOC_MMAP_THRESHOLD_`,
+  `MALLOC_TRIM_THRESHOLD_`, or those `GLIBC_TUNABLES`) keeps them.
 """
 
 from __future__ import annotations
@@ -61,10 +61,25 @@ _USER_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 _USER_MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold")
 
 
+def _startup_environ() -> dict[str, str]:
+    """The environment this process started with, which is what glibc read its malloc settings
+    from (a variable set or removed later in `os.environ` changes nothing in glibc); Linux
+    keeps it in /proc/self/environ. Elsewhere, `os.environ`."""
+    try:
+        with open("/proc/self/environ", "rb") as fh:
+            entries = fh.read().split(b"\0")
+    except OSError:
+        return dict(os.environ)
+    pairs = (e.decode(errors="replace").partition("=") for e in entries if b"=" in e)
+    return {k: v for k, _, v in pairs}
+
+
 def user_sets_malloc() -> bool:
-    """Whether this process chose glibc's malloc thresholds itself (its environment)."""
-    tunables = os.environ.get("GLIBC_TUNABLES", "")
-    return any(os.environ.get(k, "").strip() for k in _USER_MALLOC_ENV) or any(
+    """Whether this process started with glibc malloc thresholds of its own (MALLOC_*_ or
+    GLIBC_TUNABLES in the environment it was started with)."""
+    env = _startup_environ()
+    tunables = env.get("GLIBC_TUNABLES", "")
+    return any(env.get(k, "").strip() for k in _USER_MALLOC_ENV) or any(
         t in tunables for t in _USER_MALLOC_TUNABLES
     )
 

@@ -159,8 +159,9 @@ def _apply_malloc_mode(module) -> None:
 def malloc_mode() -> str:
     """What loading the kernels did to glibc's malloc thresholds (docs/design.md §7): `tuned`
     (mmap threshold 32 MiB, trim threshold 64 MiB, the values glibc's own rule converges to),
-    `off` (EMBARK_MALLOC=off), `user` (the process set them itself), `unsupported` (not glibc)
-    or `refused` (glibc rejected a value; nothing else changed)."""
+    `off` (EMBARK_MALLOC=off), `user` (the process started with its own), `unsupported` (not
+    glibc) or `refused` (glibc rejected a value: the trim threshold, or both, left as they
+    were)."""
     ensure_registered()
     return _MALLOC_MODE
 
