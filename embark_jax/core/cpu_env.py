@@ -37,24 +37,24 @@ def parse_huge_page_mode(value: str) -> str | None:
     return _HUGE_PAGE_VALUES.get(str(value).strip().lower())
 
 
-def huge_page_mode_from_env() -> str:
-    """`auto` or `off`, from EMBARK_HUGEPAGES (unset or empty: auto); ValueError naming the
-    value when malformed."""
-    raw = os.environ.get("EMBARK_HUGEPAGES", "")
+def _switch_from_env(name: str) -> str:
+    """`auto` or `off`, from an auto/off switch variable (unset or empty: auto; the spellings of
+    parse_huge_page_mode); ValueError naming the variable and value when malformed."""
+    raw = os.environ.get(name, "")
     mode = parse_huge_page_mode(raw) if raw.strip() else "auto"
     if mode is None:
-        raise ValueError(f"EMBARK_HUGEPAGES={raw!r}: expected auto, on, 1, off or 0")
+        raise ValueError(f"{name}={raw!r}: expected auto, on, 1, off or 0")
     return mode
+
+
+def huge_page_mode_from_env() -> str:
+    """`auto` or `off`, from EMBARK_HUGEPAGES (_switch_from_env)."""
+    return _switch_from_env("EMBARK_HUGEPAGES")
 
 
 def malloc_mode_from_env() -> str:
-    """`auto` or `off`, from EMBARK_MALLOC (unset or empty: auto; the huge-page switch's
-    spellings); ValueError naming the value when malformed."""
-    raw = os.environ.get("EMBARK_MALLOC", "")
-    mode = parse_huge_page_mode(raw) if raw.strip() else "auto"
-    if mode is None:
-        raise ValueError(f"EMBARK_MALLOC={raw!r}: expected auto, on, 1, off or 0")
-    return mode
+    """`auto` or `off`, from EMBARK_MALLOC (_switch_from_env)."""
+    return _switch_from_env("EMBARK_MALLOC")
 
 
 _USER_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")

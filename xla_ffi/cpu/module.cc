@@ -69,9 +69,6 @@ PYBIND11_MODULE(_ffi_cpu, m) {
       "Moves the 2 MiB-aligned interior of a host buffer into huge pages now; bytes or -errno.");
   m.def("tune_malloc", []() { return embark::TuneHostMalloc(); },
         "Sets glibc's mmap and trim thresholds (cpu_malloc.h): 1 done, 0 not glibc, -1 refused.");
-  m.def("malloc_thresholds", []() {
-    return py::make_tuple(embark::kMallocMmapThreshold, embark::kMallocTrimThreshold);
-  });
   m.def("huge_page_mode",
         []() { return embark::GetHugePageMode() == embark::HugePageMode::AUTO ? "auto" : "off"; });
   m.def("set_huge_page_mode", [](bool on) {
