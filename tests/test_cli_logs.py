@@ -73,13 +73,20 @@ def test_launch_output_drops_gloo_notices_and_blank_prefixed_lines():
         "[1] [Gloo] Rank [Gloo] Rank 1 is connected to 1 peer ranks. Expected number of\n",
         "[1] 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1\n",
         "[1]  peer ranks. Expected number of connected peer ranks is : 1\n",
+        "[1] [Gloo] Rank 1[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of "
+        "connected peer ranks is : 1\n",
+        "[0] [Gloo] Rank 0 is conn\n",
+        "[0] ected to 1 peer ranks.\n",
         "[1] \n",
         "[0] step 1\n",
+        "[0] 3 ranks on 1 peer\n",
         "[0]   t1: rb 1x1 [[3]] -- rb: pooling 2 ids\n",
         "[1]    \n",
         "launch: done\n",
     ]:
         q.write(line)
     assert (
-        out.getvalue() == "[0] step 1\n[0]   t1: rb 1x1 [[3]] -- rb: pooling 2 ids\nlaunch: done\n"
+        out.getvalue()
+        == "[0] step 1\n[0] 3 ranks on 1 peer\n[0]   t1: rb 1x1 [[3]] -- rb: pooling 2 ids\n"
+        "launch: done\n"
     )

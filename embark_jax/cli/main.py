@@ -122,18 +122,19 @@ def _run(argv: list[str] | None) -> int:
 
 # gloo's per-rank notice, "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of
 # connected peer ranks is : 1"; the ranks' threads interleave its pieces within and across
-# lines, so a line is noise when it is only a process prefix and words of that notice
+# lines (seen: "[Gloo] Rank 1[Gloo] Rank 1 is ..."), so a line is noise when, once its process
+# prefix, "[Gloo]" tags and digits are taken out, every word left is a notice word or the
+# start or end of one (a word cut across two writes)
 _PREFIXED = re.compile(r"^\[\d+\] (.*)$")
-_GLOO_WORDS = frozenset(
-    "[Gloo] Rank is connected to peer ranks. ranks Expected number of :".split()
-)
+_GLOO_WORDS = "Rank is connected to peer ranks. Expected number of :".split()
 
 
 def _is_noise(line: str) -> bool:
     m = _PREFIXED.match(line.rstrip("\n"))
     if m is None:
         return False
-    return all(w in _GLOO_WORDS or w.isdigit() for w in m.group(1).split())
+    rest = re.sub(r"\d+", " ", m.group(1).replace("[Gloo]", " "))
+    return all(any(g.startswith(w) or g.endswith(w) for g in _GLOO_WORDS) for w in rest.split())
 
 
 class _QuietLines:
