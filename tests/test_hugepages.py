@@ -10,6 +10,7 @@ placement checks are skipped, the rest still runs.
 import os
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +108,25 @@ def test_auto_mode_moves_a_table_in_the_background_after_its_second_call():
     after = native.huge_page_stats()
     assert after["queued"] > before["queued"] and after["advised"] > before["advised"]
     assert _huge_bytes(t) >= 20 * MIB
+
+
+@needs_thp
+def test_a_new_table_at_an_old_tables_address_is_advised_after_a_pause():
+    """A table freed and its successor put at the same address (the allocator reuses it):
+    the old entry's backoff (its second advice moved pages, so its interval doubled) must not
+    leave the new table on 4 KiB pages once the range was idle for a second."""
+    rows, addrs = 80 * 1024, []  # 40 MiB: above the 32 MiB mmap threshold, so munmap'd
+    for k in range(3):
+        t = _table(rows, seed=10 + k)
+        addrs.append(t.unsafe_buffer_pointer())
+        _lookup_twice(t)
+        assert native.wait_huge_pages(120)
+        if k == 2:
+            assert _huge_bytes(t) >= 32 * MIB
+        del t
+        time.sleep(1.2)  # longer than the idle time after which a range counts as new
+    if len(set(addrs)) == 3:
+        pytest.skip("the allocator gave each table its own address: nothing reused to test")
 
 
 def test_off_mode_queues_nothing():

@@ -13,7 +13,10 @@
 //     does not donate it) at the same address, so a table still in use is advised again each
 //     second (under 1 ms for 512 MiB already on huge pages); when that advice takes over 5 ms
 //     (it found 4 KiB pages again) or is refused, the interval doubles (up to 64 s), which
-//     bounds the copying such churn causes. The 4096 tables seen last are remembered.
+//     bounds the copying such churn causes. A range not seen for a second is taken for a new
+//     table when it comes back (one freed and its successor put at its address): advised
+//     after its second call again, whatever the old one's interval. The 4096 tables seen
+//     last are remembered.
 //     Only the 2 MiB-aligned interior of a buffer of at least kMinHugePageBytes is touched;
 //     the advice changes no data and is harmless if the buffer is freed meanwhile (the calls
 //     fail on an unmapped range, or advise its new owner).
