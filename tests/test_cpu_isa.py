@@ -57,10 +57,11 @@ def _check(table, ids, seg, w, n_bags, combiner, out_dtype=None, sorted_hint=Tru
 
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
-@pytest.mark.parametrize("dim", [1, 7, 16, 24, 64, 136, 264])
+@pytest.mark.parametrize("dim", [1, 7, 16, 24, 64, 128, 136, 264])
 @pytest.mark.parametrize("weighted", [True, False])
 def test_every_isa_matches_the_reference_on_every_width(isa, dim, weighted, rng):
-    """1 and 7: the scalar tail only; 16/24: one (partial) block; 136/264: several blocks
+    """1 and 7: the scalar tail only; 16/24/64/128: one (partial) block (a whole number of
+    vectors takes the flat loop, PoolSortedFlat); 136/264: several blocks
     (AVX-512 blocks are 128 floats, AVX2's 64, scalar's 16) plus a tail. Unweighted calls
     pass no weights to the kernel (its `[0]` form), a separate compiled loop."""
     table = jnp.asarray(rng.normal(size=(50, dim)).astype(np.float32))
@@ -71,6 +72,21 @@ def test_every_isa_matches_the_reference_on_every_width(isa, dim, weighted, rng)
     got = ops.lookup_pool(table, ids, None, 0, w, "none")
     want = reference.lookup_pool(table, ids, None, 0, w, "none")
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
+def test_bag_ends_guessed_from_the_last_bag_are_checked(isa, rng):
+    """The sorted path first tries each bag's end at the previous bag's length: runs of equal
+    lengths (guess right), a change of length, empty bags and a last bag cut by the chunk
+    end (guess wrong), over enough bags that every worker gets several chunks."""
+    lengths = np.array(([3] * 40 + [5] * 7 + [0, 0] + [1] * 30 + [2, 9, 9, 0]) * 5 + [3])
+    seg = np.repeat(np.arange(lengths.size), lengths).astype(np.int32)
+    ids = rng.integers(-1, 60, size=seg.size).astype(np.int32)
+    w = rng.uniform(0.25, 2.0, size=seg.size).astype(np.float32)
+    table = jnp.asarray(rng.normal(size=(60, 64)).astype(np.float32))
+    for weights in (w, None):
+        for combiner in ("sum", "mean"):
+            _check(table, ids, seg, weights, lengths.size + 3, combiner)
 
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
