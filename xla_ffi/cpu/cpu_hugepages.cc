@@ -59,13 +59,14 @@ class Advisor {
     const Clock::time_point now = Clock::now();
     std::lock_guard<std::mutex> lock(mu_);
     auto it = seen_.find(r);
-    if (it == seen_.end()) {
-      if (seen_.size() >= kRegistry) EvictOldest();
-      seen_.emplace(r, Entry{1, false, false, now, now, kRecheck});
+    const bool idle =
+        it != seen_.end() && !it->second.queued && now - it->second.last_seen > kForget;
+    if (it == seen_.end() || idle) {  // a new table (idle: perhaps at an old one's address)
+      if (it == seen_.end() && seen_.size() >= kRegistry) EvictOldest();
+      seen_.insert_or_assign(r, Entry{1, false, false, now, now, kRecheck});
       return;
     }
     Entry& e = it->second;
-    if (!e.queued && now - e.last_seen > kForget) e = Entry{0, false, false, now, now, kRecheck};
     e.last_seen = now;
     if (!e.queued && ++e.calls >= 2 && now >= e.due) Enqueue(r, e);
   }
