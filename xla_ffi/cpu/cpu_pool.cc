@@ -7,6 +7,15 @@
 // a region, so kernel calls a few milliseconds apart find them awake; then they sleep on a
 // condition variable and cost nothing.
 //
+// A worker on the caller's CPU cannot help it. Measured here (2 CPUs): a worker woken from
+// sleep was placed on the caller's CPU and preempted it (it ran all 8 chunks, the caller none),
+// and then, yielding on that CPU, took no chunk of the next calls while the other CPU sat idle
+// (the small shape ran 70-110 us alone instead of 31-48 us). So a worker publishes the CPU it
+// waits or sleeps on (a sleeper wakes up there, or on its waker's), and a caller moves each
+// worker published on its own CPU onto the process's others (sched_setaffinity on the worker's
+// thread id) before it publishes a job. A worker that still picks up a job on its caller's CPU
+// moves itself off. A worker takes back its whole mask before it sleeps.
+//
 // One job at a time: a call that finds the pool busy (several devices of one process calling
 // kernels concurrently), or that comes from inside a job (a nested ParallelFor), runs its
 // chunks on its own thread. Protocol: the caller publishes the
@@ -16,12 +25,15 @@
 // the caller still waits for it, or sees it unpublished: it never touches a returned call.
 #include <pthread.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -47,6 +59,7 @@ struct Job {
   int64_t chunks;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
+  int caller_cpu = -1;  // where the caller runs its chunks, if known
 
   void Work() {
     for (int64_t c; (c = next.fetch_add(1)) < chunks;) {
@@ -68,10 +81,29 @@ int64_t AvailableThreads() {
   return hc ? hc : 1;
 }
 
+// `mask` but `cpu`.
+cpu_set_t AllBut(const cpu_set_t& mask, int cpu) {
+  cpu_set_t others = mask;
+  CPU_CLR(cpu, &others);
+  return others;
+}
+
+// Where a worker waits: its thread id and the CPU it waits or sleeps on, or kNowhere (working,
+// or moved off a caller's CPU since).
+constexpr int kNowhere = -1;
+struct WorkerSlot {
+  std::atomic<pid_t> tid{0};
+  std::atomic<int> cpu{kNowhere};
+};
+
 class SpinPool {
  public:
-  SpinPool() : threads_(AvailableThreads()) {
-    for (int64_t t = 1; t < threads_; ++t) std::thread([this] { WorkerLoop(); }).detach();
+  SpinPool() : threads_(AvailableThreads()), slots_(new WorkerSlot[threads_]) {
+    CPU_ZERO(&mask_);  // unknown (no moves) if the call fails
+    sched_getaffinity(0, sizeof(mask_), &mask_);
+    for (int64_t t = 1; t < threads_; ++t) {
+      std::thread([this, t] { WorkerLoop(slots_[t]); }).detach();
+    }
   }
 
   int64_t threads() const { return threads_; }
@@ -88,6 +120,7 @@ class SpinPool {
       return;
     }
     t_in_job = true;
+    job.caller_cpu = MoveWorkersOffMyCpu();
     job_.store(&job);
     gen_.fetch_add(1);
     if (sleepers_.load() > 0) {
@@ -102,13 +135,40 @@ class SpinPool {
   }
 
  private:
-  void WorkerLoop() {
+  // Moves every worker waiting or sleeping on the caller's CPU onto the process's other CPUs;
+  // returns the caller's CPU, or -1 where moving cannot help (one CPU, more threads than CPUs,
+  // a caller outside the mask). Costs one getcpu when no worker is there.
+  int MoveWorkersOffMyCpu() {
+    const int me = sched_getcpu();
+    const int cpus = CPU_COUNT(&mask_);
+    if (me < 0 || !CPU_ISSET(me, &mask_) || cpus < 2 || threads_ > cpus) return -1;
+    for (int64_t t = 1; t < threads_; ++t) {
+      if (slots_[t].cpu.load(std::memory_order_relaxed) != me) continue;
+      const pid_t tid = slots_[t].tid.load();
+      if (tid == 0) continue;  // not started (0 would name the caller itself)
+      const cpu_set_t others = AllBut(mask_, me);
+      sched_setaffinity(tid, sizeof(others), &others);
+      slots_[t].cpu.store(kNowhere, std::memory_order_relaxed);
+    }
+    return me;
+  }
+
+  void WorkerLoop(WorkerSlot& slot) {
     t_in_job = true;
+    pthread_setname_np(pthread_self(), "embark-pool");  // as top, perf and /proc show it
+    slot.tid.store(static_cast<pid_t>(syscall(SYS_gettid)));
     uint64_t seen = gen_.load();
     for (;;) {
-      seen = WaitForJob(seen);
+      seen = WaitForJob(seen, slot);
+      slot.cpu.store(kNowhere, std::memory_order_relaxed);
       busy_.fetch_add(1);
-      if (Job* job = job_.load()) job->Work();
+      if (Job* job = job_.load()) {
+        if (job->caller_cpu >= 0 && sched_getcpu() == job->caller_cpu) {  // woken onto it
+          const cpu_set_t others = AllBut(mask_, job->caller_cpu);
+          sched_setaffinity(0, sizeof(others), &others);
+        }
+        job->Work();
+      }
       busy_.fetch_sub(1);
     }
   }
@@ -117,8 +177,9 @@ class SpinPool {
   // Yielding keeps the worker awake (a sleeping worker took ~0.1-1 ms to wake here, so a
   // kernel called every few ms ran on its caller alone) while any other runnable thread, such
   // as XLA's own, gets the CPU: libgomp's workers likewise stay busy ~4 ms after a region.
-  uint64_t WaitForJob(uint64_t seen) {
+  uint64_t WaitForJob(uint64_t seen, WorkerSlot& slot) {
     const auto start = std::chrono::steady_clock::now();
+    slot.cpu.store(sched_getcpu(), std::memory_order_relaxed);
     for (int i = 0;; ++i) {
       const uint64_t g = gen_.load();
       if (g != seen) return g;
@@ -129,8 +190,14 @@ class SpinPool {
       const uint64_t g = gen_.load();
       if (g != seen) return g;
       sched_yield();
+      slot.cpu.store(sched_getcpu(), std::memory_order_relaxed);
       if (std::chrono::steady_clock::now() - start > kYield) break;
     }
+    slot.cpu.store(kNowhere, std::memory_order_relaxed);
+    if (CPU_COUNT(&mask_) > 0) {  // back to every CPU (it stays where it is)
+      sched_setaffinity(0, sizeof(mask_), &mask_);
+    }
+    slot.cpu.store(sched_getcpu(), std::memory_order_relaxed);
     sleepers_.fetch_add(1);
     std::unique_lock<std::mutex> lock(sleep_mu_);
     wake_.wait(lock, [&] { return gen_.load() != seen; });
@@ -139,6 +206,8 @@ class SpinPool {
   }
 
   const int64_t threads_;
+  const std::unique_ptr<WorkerSlot[]> slots_;  // [0] unused: the caller is thread 0
+  cpu_set_t mask_;                              // the CPUs this process may run on
   std::mutex submit_mu_;
   std::atomic<Job*> job_{nullptr};
   std::atomic<uint64_t> gen_{0};

@@ -1,0 +1,116 @@
+"""The CPU kernels' worker pool keeps its workers off the caller's CPU (xla_ffi/cpu/cpu_pool.cc).
+
+Checked from outside, in a fresh process (its own pool, nothing pinned yet): the workers are
+threads named `embark-pool`, and /proc shows the CPUs each may run on. A worker forced onto the
+caller's CPU, while it waits for work or while it sleeps, ends up off that CPU after the next
+kernel call (there it could not take a chunk until the caller's chunks were done), the
+kernel's result still matches the reference, and a worker idle long enough to sleep takes back
+every CPU.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and at least two CPUs",
+)
+
+_CHILD = r"""
+import json, os, time
+import numpy as np
+import jax, jax.numpy as jnp
+from embark_jax import ops
+from embark_jax.ops import reference
+
+def allowed(tid):
+    with open(f"/proc/self/task/{tid}/status") as fh:
+        line = next(l for l in fh if l.startswith("Cpus_allowed_list:"))
+    cpus = set()
+    for part in line.split(":")[1].strip().split(","):
+        a, _, b = part.partition("-")
+        cpus.update(range(int(a), int(b or a) + 1))
+    return sorted(cpus)
+
+def workers():
+    tids = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as fh:
+            if fh.read().strip() == "embark-pool":
+                tids.append(int(tid))
+    return tids
+
+rng = np.random.default_rng(0)
+table = jnp.asarray(rng.standard_normal((500, 16), dtype=np.float32))
+ids = jnp.asarray(rng.integers(0, 500, 4096).astype(np.int32))
+seg = jnp.asarray(np.repeat(np.arange(1024), 4).astype(np.int32))
+f = jax.jit(lambda t, i, s: ops.lookup_pool(t, i, s, 1024, indices_are_sorted=True))
+want = np.asarray(reference.lookup_pool(table, ids, seg, 1024))
+out = {"every": sorted(os.sched_getaffinity(0)), "cases": {}}
+jax.block_until_ready(f(table, ids, seg))  # starts the pool
+for _ in range(200):  # each worker names itself as it starts
+    if len(workers()) == len(out["every"]) - 1:
+        break
+    time.sleep(0.01)
+out["workers"] = len(workers())
+def where(tid):  # (state, the CPU it last ran on), from /proc/self/task/<tid>/stat
+    fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+    return fields[0], int(fields[36])
+
+here = out["every"][0]
+os.sched_setaffinity(0, {here})  # this thread, the caller, runs on `here` from now on
+ok = True
+for case, pause in (("waiting", 0.001), ("asleep", 0.1)):
+    for attempt in range(10):
+        jax.block_until_ready(f(table, ids, seg))
+        for tid in workers():
+            os.sched_setaffinity(tid, {here})  # forced onto the caller's CPU
+        time.sleep(pause)  # it runs there, then waits (yields) or, past 5 ms, sleeps
+        # Asleep, a worker has its whole mask back, and the scheduler may have moved it off
+        # `here` (another process busy there) before it slept: then try again.
+        if case == "waiting" or all(where(t) == ("S", here) for t in workers()):
+            break
+    got = np.asarray(jax.block_until_ready(f(table, ids, seg)))
+    ok = ok and bool(np.allclose(got, want, rtol=1e-5, atol=1e-5))
+    out["cases"][case] = [allowed(tid) for tid in workers()]
+    out["attempts_" + case] = attempt + 1
+time.sleep(0.1)  # idle: every worker sleeps, its whole mask back
+out["after_sleep"] = [allowed(tid) for tid in workers()]
+out["matches_reference"] = ok
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def child() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "EMBARK_CPU_THREADS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    run = subprocess.run(
+        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_the_workers_are_named_threads(child):
+    assert child["workers"] == len(child["every"]) - 1
+
+
+@pytest.mark.parametrize("case", ["waiting", "asleep"])
+def test_a_worker_on_the_callers_cpu_is_moved_off_it(child, case):
+    here = child["every"][0]
+    assert child["attempts_" + case] < 10, "never got a worker to sleep on the caller's CPU"
+    masks = child["cases"][case]
+    assert masks, "no worker threads found"
+    for mask in masks:
+        assert here not in mask, (case, mask)
+        assert mask == [c for c in child["every"] if c != here], (case, mask)
+    assert child["matches_reference"]
+
+
+def test_an_idle_worker_takes_back_every_cpu(child):
+    assert child["after_sleep"] == [child["every"]] * child["workers"]
