@@ -32,7 +32,7 @@ def lookup_pool(table, ids, seg, num_segments, weights=None, combiner="sum"):
         denom = np.sqrt(denom)
     if combiner in ("mean", "sqrtn"):
         for s in range(num_segments):
-            out[s] = out[s] / denom[s] if denom[s] > 0 else 0.0
+            out[s] = out[s] * (1.0 / denom[s] if denom[s] > 0 else 0.0)  # NaN stays NaN
     return out
 
 

@@ -71,6 +71,38 @@ def test_lookup_pool_matches_reference(rng, combiner, weighted, sorted_segments,
         assert "embark_lookup_pool" in fn.lower(*args).as_text()
 
 
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+@pytest.mark.parametrize("sorted_segments", [True, False])
+def test_lookup_pool_non_finite_and_non_positive_weights(rng, combiner, sorted_segments):
+    """Kernel and references agree bag by bag: a NaN or inf weight leaves its bag non-finite
+    (mean and sqrtn scale it by 0: NaN), never a silent 0; a mean bag whose weights sum to
+    zero is 0; the other bags are untouched."""
+    table = rng.normal(size=(40, 16)).astype(np.float32)
+    ids, seg = bags(rng, sorted_segments=sorted_segments)
+    w = rng.uniform(0.2, 2.0, size=ids.shape).astype(np.float32)
+
+    def bag(b):
+        return np.flatnonzero((seg == b) & (ids >= 0))
+
+    w[bag(0)[0]] = np.nan
+    w[bag(1)[0]] = np.inf
+    w[bag(2)] = 0.0
+    w[bag(5)[:2]] = [1.0, -1.0]
+    w[bag(5)[2:]] = 0.0  # mean: the weights sum to 0
+    args = tuple(jnp.asarray(x) for x in (table, ids, seg, w))
+    fn = jax.jit(lambda t, i, s, wt: ops.lookup_pool(t, i, s, 12, wt, combiner))
+    got = np.asarray(fn(*args))
+    want = numpy_ref.lookup_pool(table, ids, seg, 12, w, combiner)
+    ref = np.asarray(reference.lookup_pool(*args[:3], 12, args[3], combiner))
+    for other in (want, ref):
+        np.testing.assert_allclose(got, other, rtol=1e-4, atol=1e-5, equal_nan=True)
+    assert np.isnan(got[0]).all()
+    assert not np.isfinite(got[1]).any()
+    assert (got[2] == 0).all()
+    if combiner == "mean":
+        assert (got[5] == 0).all()
+
+
 @pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
 def test_lookup_pool_bf16(rng, table_dtype, out_dtype):

@@ -86,8 +86,10 @@ def lookup_pool(
         denom = pool_denominator(
             jnp.where(valid, ids, -1), segment_ids, num_segments, weights, combiner
         )
-        safe_denom = jnp.where(denom > 0, denom, 1.0)
-        pooled = jnp.where((denom > 0)[:, None], pooled / safe_denom[:, None], 0.0)
+        # Scaled as the kernels scale: a bag whose divisor is not positive (or NaN) gets a
+        # scale of 0, so its finite sums give 0 and a NaN or inf weight still shows as NaN.
+        scale = jnp.where(denom > 0, 1.0 / jnp.where(denom > 0, denom, 1.0), 0.0)
+        pooled = pooled * scale[:, None]
     return pooled.astype(table.dtype)
 
 
