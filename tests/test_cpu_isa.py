@@ -92,8 +92,9 @@ def test_bag_ends_guessed_from_the_last_bag_are_checked(isa, rng):
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
 @pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
-def test_every_isa_handles_bf16_tables_and_outputs(isa, table_dtype, out_dtype, rng):
-    table = jnp.asarray(rng.normal(size=(64, 40)), table_dtype)
+@pytest.mark.parametrize("dim", [40, 64])  # 64: whole vectors in one block, the flat loop
+def test_every_isa_handles_bf16_tables_and_outputs(isa, table_dtype, out_dtype, dim, rng):
+    table = jnp.asarray(rng.normal(size=(64, dim)), table_dtype)
     ids, seg, w = _bags(rng, 30, 6, 64)
     _check(table, ids, seg, w, 30, "mean", out_dtype=out_dtype)
 
@@ -190,11 +191,12 @@ def test_bad_environment_switches_are_one_line_errors(env, message):
 
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
-def test_every_isa_rounds_bf16_outputs_to_nearest_even_bit_for_bit(isa):
+@pytest.mark.parametrize("dim", [40, 48])  # 48: whole vectors in one block, the flat loop
+def test_every_isa_rounds_bf16_outputs_to_nearest_even_bit_for_bit(isa, dim):
     """A bfloat16 output row is stored a vector at a time (tail in scalar code); every path must
     round as ml_dtypes does: exact ties both ways, the largest floats (to inf), inf, NaN."""
     rng = np.random.default_rng(7)
-    x = rng.normal(size=(8, 40)).astype(np.float32) * np.float32(1e3)
+    x = rng.normal(size=(8, dim)).astype(np.float32) * np.float32(1e3)
     bits = x.view(np.uint32)
     bits[0, :20] = (bits[0, :20] & 0xFFFF0000) | 0x8000  # exact ties, odd and even
     x[1, :6] = [
