@@ -64,7 +64,7 @@ def where(tid):  # (state, the CPU it last ran on), from /proc/self/task/<tid>/s
 here = out["every"][0]
 os.sched_setaffinity(0, {here})  # this thread, the caller, runs on `here` from now on
 ok = True
-for case, pause in (("waiting", 0.001), ("asleep", 0.1)):
+for case, pause in (("waiting", 0.002), ("asleep", 0.1)):
     for attempt in range(10):
         jax.block_until_ready(f(table, ids, seg))
         for tid in workers():
