@@ -210,3 +210,37 @@ def test_regions_never_written_do_not_fail_the_rest():
     got = native._cpu_module().advise_huge_pages(buf.ctypes.data, buf.nbytes)
     assert 2 * MIB <= got < 32 * MIB
     assert (buf[: 4 * MIB // 4] == 1.0).all()
+
+
+def _thp_always() -> bool:
+    with open(THP_FILE) as fh:
+        return "[always]" in fh.read()
+
+
+@needs_thp
+def test_a_large_output_is_written_on_huge_pages():
+    """A kernel advises a large output before it writes it: lookup_pool_backward's 40 MiB
+    [C, D] gradient (over the 32 MiB mmap threshold: a fresh mapping each call) comes back on
+    huge pages, and on 4 KiB pages with the mode off; the values are the same either way."""
+    rng = np.random.default_rng(3)
+    cap, d = 80 * 1024, 128
+    ids = jnp.asarray(rng.integers(0, 10 * cap, cap), jnp.int32)
+    seg = jnp.arange(cap, dtype=jnp.int32)
+    grads = jnp.asarray(rng.standard_normal((cap, d)), jnp.float32)
+
+    def backward():
+        _, row_grads, n = ops.lookup_pool_backward(grads, ids, seg, capacity=cap)
+        return row_grads.block_until_ready(), int(n)
+
+    assert native.huge_page_mode() == "auto"
+    on, n_on = backward()
+    assert _huge_bytes(on) >= 32 * MIB
+    native.set_huge_page_mode("off")
+    try:
+        off, n_off = backward()
+    finally:
+        native.set_huge_page_mode("auto")
+    if not _thp_always():
+        assert _huge_bytes(off) < 4 * MIB
+    assert n_on == n_off
+    np.testing.assert_array_equal(np.asarray(on), np.asarray(off))

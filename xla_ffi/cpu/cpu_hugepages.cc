@@ -172,13 +172,20 @@ Advisor& TheAdvisor() {
   return *advisor;
 }
 
+// The 2 MiB-aligned interior [lo, hi) of [p, p + bytes); empty (hi <= lo) if there is none.
+void AlignedInterior(const void* p, int64_t bytes, uintptr_t* lo, uintptr_t* hi) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t mask = static_cast<uintptr_t>(kHugePageBytes - 1);
+  *lo = (begin + mask) & ~mask;
+  *hi = (begin + static_cast<uintptr_t>(bytes)) & ~mask;
+}
+
 }  // namespace
 
 int64_t AdviseHugePages(const void* p, int64_t bytes) {
   if (bytes < kMinHugePageBytes) return 0;
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t mask = static_cast<uintptr_t>(kHugePageBytes - 1);
-  const uintptr_t lo = (begin + mask) & ~mask, hi = (begin + bytes) & ~mask;
+  uintptr_t lo, hi;
+  AlignedInterior(p, bytes, &lo, &hi);
   if (hi <= lo) return 0;
   if (madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE) != 0) return -errno;
   // Pages never written cannot be collapsed (EINVAL); the advice above gives them huge pages
@@ -201,6 +208,13 @@ int64_t AdviseHugePages(const void* p, int64_t bytes) {
     }
   }
   return moved > 0 || error == 0 ? moved : -error;
+}
+
+void NoteFreshOutput(void* p, int64_t bytes) {
+  if (bytes < kMinHugePageBytes || GetHugePageMode() == HugePageMode::OFF) return;
+  uintptr_t lo, hi;
+  AlignedInterior(p, bytes, &lo, &hi);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
 }
 
 void NoteRandomAccess(const void* p, int64_t bytes) {

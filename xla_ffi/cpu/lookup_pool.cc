@@ -157,6 +157,7 @@ ffi::Error LookupPoolImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBu
   ffi::Error err = CheckLookupPool(table, ids, seg, weights, *out, combiner);
   if (err.failure()) return err;
   NoteRandomAccess(table.untyped_data(), static_cast<int64_t>(table.size_bytes()));
+  NoteFreshOutput(out->untyped_data(), static_cast<int64_t>(out->size_bytes()));
   const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];
   const int64_t num_out = out->dimensions()[0];
   const float* w =  // [0]: unweighted (CheckLookupPool)

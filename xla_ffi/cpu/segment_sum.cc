@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_hugepages.h"
 #include "cpu_isa.h"
 #include "cpu_segments.h"
 #include "cpu_simd.h"
@@ -93,6 +94,7 @@ ffi::Error SegmentSumImpl(ffi::ThreadPool pool, ffi::AnyBuffer values, ffi::AnyB
   if (err.failure()) return err;
   const int64_t n = values.dimensions()[0], d = values.dimensions()[1];
   const int64_t s = out->dimensions()[0];
+  NoteFreshOutput(out->untyped_data(), static_cast<int64_t>(out->size_bytes()));
   return DispatchFloat<HostBf16>("segment_sum", "values", values.element_type(), [&](auto tag) {
     return DispatchId("segment_sum", "segment_ids", segment_ids.element_type(), [&](auto sg) {
       using T = EMBARK_TYPE(tag);

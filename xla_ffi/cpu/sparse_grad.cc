@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpu_grad.h"
+#include "cpu_hugepages.h"
 #include "cpu_sort.h"
 #include "embark_dispatch.h"
 #include "embark_ffi.h"
@@ -61,6 +62,7 @@ ffi::Error SparseGradImpl(ffi::ThreadPool pool, ffi::AnyBuffer grads, ffi::AnyBu
   });
   if (err.failure()) return err;
   float* out = row_grads->typed_data();
+  NoteFreshOutput(out, static_cast<int64_t>(row_grads->size_bytes()));
   for (int64_t k = slots * d; k < cap * d; ++k) out[k] = 0.0f;
   err = DispatchFloat<HostBf16>("sparse_grad", "grads", grads.element_type(), [&](auto tag) {
     using G = EMBARK_TYPE(tag);
