@@ -1,6 +1,8 @@
 // Huge pages for randomly read tables (cpu_hugepages.h has the why and the modes).
 #include "cpu_hugepages.h"
 
+#include "cpu_malloc.h"
+
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -211,7 +213,9 @@ int64_t AdviseHugePages(const void* p, int64_t bytes) {
 }
 
 void NoteFreshOutput(void* p, int64_t bytes) {
-  if (bytes < kMinHugePageBytes || GetHugePageMode() == HugePageMode::OFF) return;
+  // Smaller outputs come from the heap, already faulted in: advising them would only split
+  // its mapping and wake khugepaged.
+  if (bytes < kMallocMmapThreshold || GetHugePageMode() == HugePageMode::OFF) return;
   uintptr_t lo, hi;
   AlignedInterior(p, bytes, &lo, &hi);
   if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);

@@ -49,8 +49,8 @@ int64_t AdviseHugePages(const void* p, int64_t bytes);
 void NoteRandomAccess(const void* p, int64_t bytes);
 
 // The hook of a kernel about to write [p, p + bytes) as an output: advises the 2 MiB-aligned
-// interior of one of at least kMinHugePageBytes (MADV_HUGEPAGE, synchronous, one madvise),
-// so that the pages of a fresh mapping fault in 2 MiB at a time; errors are ignored.
+// interior of one of at least kMallocMmapThreshold (a fresh mapping; MADV_HUGEPAGE,
+// synchronous, one madvise), so that its pages fault in 2 MiB at a time; errors are ignored.
 void NoteFreshOutput(void* p, int64_t bytes);
 
 // The update kernels' hook: a table updated in place (output aliased to input, the buffer
