@@ -31,8 +31,9 @@ def lookup_pool(table, ids, seg, num_segments, weights=None, combiner="sum"):
     if combiner == "sqrtn":
         denom = np.sqrt(denom)
     if combiner in ("mean", "sqrtn"):
-        for s in range(num_segments):
-            out[s] = out[s] * (1.0 / denom[s] if denom[s] > 0 else 0.0)  # NaN stays NaN
+        with np.errstate(invalid="ignore"):  # a NaN or inf bag times 0 is NaN, as intended
+            for s in range(num_segments):
+                out[s] = out[s] * (1.0 / denom[s] if denom[s] > 0 else 0.0)
     return out
 
 

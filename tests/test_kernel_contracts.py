@@ -112,3 +112,43 @@ def test_bf16_pooling_adds_in_float32():
     for srt in (True, False):
         out = ops.lookup_pool(table, ids, seg, 1, None, "sum", indices_are_sorted=srt)
         np.testing.assert_array_equal(np.asarray(out, np.float32), np.full((1, 8), 1000.0))
+
+
+@pytest.mark.parametrize("bad", [-1, 2.0, True, "3"])
+def test_lookup_pool_refuses_a_bad_num_segments(bad):
+    t, i = jnp.ones((10, 8)), jnp.arange(4, dtype=jnp.int32)
+    with pytest.raises(
+        ValueError, match=rf"lookup_pool: num_segments must be an int >= 0, got {bad!r}"
+    ):
+        ops.lookup_pool(t, i, i, bad)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_])
+def test_lookup_pool_refuses_a_table_or_output_that_is_not_float(dtype):
+    t, i = jnp.ones((10, 8)), jnp.arange(4, dtype=jnp.int32)
+    with pytest.raises(ValueError, match="lookup_pool: table must be a float type, got"):
+        ops.lookup_pool(t.astype(dtype), i, i, 4)
+    with pytest.raises(ValueError, match="lookup_pool: out_dtype must be a float type, got"):
+        ops.lookup_pool(t, i, i, 4, out_dtype=dtype)
+
+
+def test_host_int64_ids_beyond_int32_are_padding_not_wrapped():
+    """With 64-bit JAX types off, converting 2**33 to int32 would give 0, a real row."""
+    if jax.config.jax_enable_x64:
+        pytest.skip("64-bit types on: the ids stay int64")
+    t = jnp.asarray(np.arange(80, dtype=np.float32).reshape(10, 8) + 1)
+    ids = np.array([1, 2**33, 2, -(2**40)], np.int64)
+    seg = np.array([0, 0, 1, 1], np.int64)
+    got = np.asarray(ops.lookup_pool(t, ids, seg, 2))
+    want = numpy_ref.lookup_pool(np.asarray(t), [1, -1, 2, -1], [0, 0, 1, 1], 2, None, "sum")
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("combiner", [*POOLED, "none"])
+def test_an_empty_table_gives_zeros_on_both_backends(combiner):
+    t = jnp.zeros((0, 8), jnp.float32)
+    ids, seg = jnp.asarray([0, 3, -1], jnp.int32), jnp.asarray([0, 0, 1], jnp.int32)
+    for backend in ("ffi", "reference"):
+        got = np.asarray(ops.lookup_pool(t, ids, seg, 2, combiner=combiner, backend=backend))
+        assert got.shape == ((3, 8) if combiner == "none" else (2, 8))
+        assert not got.any(), backend

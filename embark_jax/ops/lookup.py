@@ -6,6 +6,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from embark_jax.core.specs import Combiner
 from embark_jax.ops import _ffi, reference
@@ -14,6 +15,27 @@ from embark_jax.ops.backend import Backend, resolve
 __all__ = ["lookup_pool", "lookup_pool_backward", "unique"]
 
 _FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+
+
+def _as_ids(ids) -> jax.Array:
+    """`ids` as a JAX array. A host int64 array with 64-bit JAX types off would be wrapped to
+    int32 by the conversion (2**33 -> 0, a real row); its values outside int32 become -1
+    instead, which every op takes as padding, as it takes any id outside [0, V)."""
+    if (
+        isinstance(ids, np.ndarray)
+        and ids.dtype.kind in "iu"
+        and ids.dtype.itemsize > 4
+        and not jax.config.jax_enable_x64
+    ):
+        big = (ids < np.iinfo(np.int32).min) | (ids > np.iinfo(np.int32).max)
+        ids = np.where(big, -1, ids).astype(np.int32)
+    return jnp.asarray(ids)
+
+
+def _check_count(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return int(value)
 
 
 def _check_ids(name: str, ids: jax.Array, n: int | None = None) -> None:
@@ -38,10 +60,11 @@ def lookup_pool(
     """Fused gather + weighted pooling; see `reference.lookup_pool` for the semantics.
 
     Arguments:
-      table: `[V, D]` float32 or bfloat16.
-      ids: `[N]` int32/int64; ids < 0 are padding.
+      table: `[V, D]` float32 or bfloat16 (the kernels; other float types, e.g. float16 or
+        float64, run on the `jnp` reference).
+      ids: `[N]` int32/int64; ids outside `[0, V)` are padding.
       segment_ids: `[N]` bag of each id (sorted ascending is fastest); ignored for `none`.
-      num_segments: number of bags S.
+      num_segments: number of bags S (an int >= 0).
       weights: optional `[N]` per-id weights.
       combiner: `sum`, `mean`, `sqrtn` (output `[S, D]`) or `none` (output `[N, D]`).
       out_dtype: output dtype (default: the table's), float32 or bfloat16.
@@ -54,7 +77,8 @@ def lookup_pool(
     `lookup_pool_backward`) and `weights`.
     """
     combiner = Combiner.parse(combiner)
-    table, ids = jnp.asarray(table), jnp.asarray(ids)
+    num_segments = _check_count("lookup_pool: num_segments", num_segments)
+    table, ids = jnp.asarray(table), _as_ids(ids)
     _check_ids("lookup_pool", ids)
     if table.ndim != 2:
         raise ValueError(f"lookup_pool: table must be [V, D], got shape {table.shape}")
@@ -62,13 +86,16 @@ def lookup_pool(
         if combiner.pooled:
             raise ValueError("lookup_pool: segment_ids are required for pooled combiners")
         segment_ids = jnp.zeros(ids.shape, jnp.int32)
-    segment_ids = jnp.asarray(segment_ids)
+    segment_ids = _as_ids(segment_ids)
     _check_ids("lookup_pool segment_ids", segment_ids, ids.shape[0])
     if weights is not None and jnp.shape(weights) != ids.shape:
         raise ValueError(
             f"lookup_pool: weights must be [N] = {ids.shape}, got {jnp.shape(weights)}"
         )
     out_dtype = jnp.dtype(out_dtype or table.dtype)
+    for what, dt in (("table", table.dtype), ("out_dtype", out_dtype)):
+        if not jnp.issubdtype(dt, jnp.floating):
+            raise ValueError(f"lookup_pool: {what} must be a float type, got {dt}")
     use_ffi = (
         resolve(backend) is Backend.FFI
         and table.dtype in _FLOAT_DTYPES

@@ -75,7 +75,10 @@ def lookup_pool(
     vocab = table.shape[0]
     valid = (ids >= 0) & (ids < vocab)
     safe = jnp.where(valid, ids, 0)
-    rows = jnp.take(table, safe, axis=0).astype(jnp.float32)
+    if vocab == 0:  # every id is padding (take cannot index an empty axis)
+        rows = jnp.zeros((ids.shape[0], table.shape[1]), jnp.float32)
+    else:
+        rows = jnp.take(table, safe, axis=0).astype(jnp.float32)
     w = jnp.ones(ids.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
     w = jnp.where(valid, w, 0.0)
     rows = rows * w[:, None]
