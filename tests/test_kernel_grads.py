@@ -144,3 +144,16 @@ def test_sparse_backward_matches_numpy(rng, combiner, backend):
     )
     assert int(num) == np.count_nonzero(np.abs(want_t).sum(1))
     np.testing.assert_allclose(np.asarray(new_t), table - 0.5 * want_t, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
+def test_a_bag_of_zero_weights_has_finite_gradients(combiner):
+    """Its output is 0 whatever the weights; sqrt's infinite slope at 0 gave sqrtn NaNs."""
+    t = jnp.ones((5, 4))
+    ids, seg = jnp.arange(4, dtype=jnp.int32), jnp.asarray([0, 0, 1, 1], jnp.int32)
+    w = jnp.asarray([1.0, 0.5, 0.0, 0.0])
+    g_t, g_w = jax.grad(
+        lambda t, w: ops.lookup_pool(t, ids, seg, 2, w, combiner).sum(), argnums=(0, 1)
+    )(t, w)
+    assert np.isfinite(np.asarray(g_t)).all() and np.isfinite(np.asarray(g_w)).all()
+    np.testing.assert_array_equal(np.asarray(g_w)[2:], 0.0)

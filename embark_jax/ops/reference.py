@@ -53,7 +53,9 @@ def pool_denominator(
     if combiner is Combiner.MEAN:
         return segment_sum(w, segment_ids, num_segments)
     if combiner is Combiner.SQRTN:
-        return jnp.sqrt(segment_sum(w * w, segment_ids, num_segments))
+        sq = segment_sum(w * w, segment_ids, num_segments)
+        # sqrt's derivative at 0 is infinite: a bag of zero weights would get NaN gradients
+        return jnp.where(sq > 0, jnp.sqrt(jnp.where(sq > 0, sq, 1.0)), 0.0)
     raise ValueError(f"combiner {combiner.value!r} does not pool")
 
 
