@@ -132,16 +132,35 @@ def test_lookup_pool_refuses_a_table_or_output_that_is_not_float(dtype):
         ops.lookup_pool(t, i, i, 4, out_dtype=dtype)
 
 
-def test_host_int64_ids_beyond_int32_are_padding_not_wrapped():
+def test_host_int64_ids_beyond_int32_are_refused_not_wrapped():
     """With 64-bit JAX types off, converting 2**33 to int32 would give 0, a real row."""
     if jax.config.jax_enable_x64:
         pytest.skip("64-bit types on: the ids stay int64")
-    t = jnp.asarray(np.arange(80, dtype=np.float32).reshape(10, 8) + 1)
-    ids = np.array([1, 2**33, 2, -(2**40)], np.int64)
+    t = jnp.ones((10, 8))
+    ids = np.array([1, 2**33, 2, 3], np.int64)
     seg = np.array([0, 0, 1, 1], np.int64)
-    got = np.asarray(ops.lookup_pool(t, ids, seg, 2))
-    want = numpy_ref.lookup_pool(np.asarray(t), [1, -1, 2, -1], [0, 0, 1, 1], 2, None, "sum")
-    np.testing.assert_array_equal(got, want)
+    msg = "id 8589934592 is outside int32 and JAX's 64-bit types are off"
+    with pytest.raises(ValueError, match=f"lookup_pool: ids: {msg}"):
+        ops.lookup_pool(t, ids, seg, 2)
+    with pytest.raises(ValueError, match=f"lookup_pool_backward: ids: {msg}"):
+        ops.lookup_pool_backward(jnp.ones((2, 8)), ids, seg, capacity=4)
+    with pytest.raises(ValueError, match=f"unique: ids: {msg}"):
+        ops.unique(ids, 4)
+    with pytest.raises(ValueError, match="segment_sum: segment_ids: id -8589934592 is outside"):
+        ops.segment_sum(jnp.ones((4, 8)), np.array([0, 0, 1, -(2**33)], np.int64), 2)
+    small = np.array([1, 4, 2, 3], np.int64)  # in range: converted as before
+    np.testing.assert_array_equal(
+        np.asarray(ops.lookup_pool(t, small, seg, 2)), np.full((2, 8), 2.0)
+    )
+
+
+def test_a_padding_id_reads_no_row_in_the_reference():
+    """Row 0 holding inf must not leak into a bag through a padding id (0 * inf = NaN)."""
+    t = jnp.asarray([[np.inf, 1.0], [2.0, 3.0]], jnp.float32)
+    ids, seg = jnp.asarray([-1, 1], jnp.int32), jnp.asarray([0, 0], jnp.int32)
+    for backend in ("ffi", "reference"):
+        got = np.asarray(ops.lookup_pool(t, ids, seg, 1, backend=backend))
+        np.testing.assert_array_equal(got, [[2.0, 3.0]], err_msg=backend)
 
 
 @pytest.mark.parametrize("combiner", [*POOLED, "none"])

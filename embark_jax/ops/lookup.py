@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
+import operator
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from embark_jax.core.specs import Combiner
 from embark_jax.ops import _ffi, reference
+from embark_jax.ops._ids import as_ids
 from embark_jax.ops.backend import Backend, resolve
 
 __all__ = ["lookup_pool", "lookup_pool_backward", "unique"]
@@ -17,25 +18,15 @@ __all__ = ["lookup_pool", "lookup_pool_backward", "unique"]
 _FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
-def _as_ids(ids) -> jax.Array:
-    """`ids` as a JAX array. A host int64 array with 64-bit JAX types off would be wrapped to
-    int32 by the conversion (2**33 -> 0, a real row); its values outside int32 become -1
-    instead, which every op takes as padding, as it takes any id outside [0, V)."""
-    if (
-        isinstance(ids, np.ndarray)
-        and ids.dtype.kind in "iu"
-        and ids.dtype.itemsize > 4
-        and not jax.config.jax_enable_x64
-    ):
-        big = (ids < np.iinfo(np.int32).min) | (ids > np.iinfo(np.int32).max)
-        ids = np.where(big, -1, ids).astype(np.int32)
-    return jnp.asarray(ids)
-
-
 def _check_count(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+    """`value` as an int >= 0 (a Python or numpy int, or a concrete 0-d integer array)."""
+    try:
+        n = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        n = None
+    if n is None or n < 0:
         raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    return int(value)
+    return n
 
 
 def _check_ids(name: str, ids: jax.Array, n: int | None = None) -> None:
@@ -67,7 +58,8 @@ def lookup_pool(
       num_segments: number of bags S (an int >= 0).
       weights: optional `[N]` per-id weights.
       combiner: `sum`, `mean`, `sqrtn` (output `[S, D]`) or `none` (output `[N, D]`).
-      out_dtype: output dtype (default: the table's), float32 or bfloat16.
+      out_dtype: output dtype (default: the table's), a float type (the kernels: float32 or
+        bfloat16).
       indices_are_sorted: a performance hint that `segment_ids` are ascending (true for
         `SparseFeatures.flat`): the CUDA kernel then builds bag offsets and pools a bag per
         warp without atomics. Both backends check the order themselves (O(N)), so unsorted
@@ -78,7 +70,7 @@ def lookup_pool(
     """
     combiner = Combiner.parse(combiner)
     num_segments = _check_count("lookup_pool: num_segments", num_segments)
-    table, ids = jnp.asarray(table), _as_ids(ids)
+    table, ids = jnp.asarray(table), as_ids("lookup_pool: ids", ids)
     _check_ids("lookup_pool", ids)
     if table.ndim != 2:
         raise ValueError(f"lookup_pool: table must be [V, D], got shape {table.shape}")
@@ -86,7 +78,7 @@ def lookup_pool(
         if combiner.pooled:
             raise ValueError("lookup_pool: segment_ids are required for pooled combiners")
         segment_ids = jnp.zeros(ids.shape, jnp.int32)
-    segment_ids = _as_ids(segment_ids)
+    segment_ids = as_ids("lookup_pool: segment_ids", segment_ids)
     _check_ids("lookup_pool segment_ids", segment_ids, ids.shape[0])
     if weights is not None and jnp.shape(weights) != ids.shape:
         raise ValueError(
@@ -186,14 +178,15 @@ def lookup_pool_backward(
     Feed the result to `sparse_update`.
     """
     combiner = Combiner.parse(combiner)
-    ids = jnp.asarray(ids)
+    ids = as_ids("lookup_pool_backward: ids", ids)
     _check_ids("lookup_pool_backward", ids)
     g = jnp.asarray(output_grads)
     per_id = combiner is Combiner.NONE
     if per_id:
         segment_ids = jnp.arange(ids.shape[0], dtype=jnp.int32)
+    segment_ids = as_ids("lookup_pool_backward: segment_ids", segment_ids)
     num_segments = g.shape[0]
-    scale = id_scale(ids, jnp.asarray(segment_ids), num_segments, weights, combiner, vocab_size)
+    scale = id_scale(ids, segment_ids, num_segments, weights, combiner, vocab_size)
     masked_ids = jnp.where(scale != 0, ids, -1) if vocab_size is not None else ids
     if resolve(backend) is Backend.REFERENCE or g.dtype not in _FLOAT_DTYPES:
         rows, inverse, _, num_unique = reference.unique(masked_ids, capacity)
@@ -201,7 +194,7 @@ def lookup_pool_backward(
         row_grads = reference.segment_sum(src * scale[:, None], inverse, capacity)
     else:
         rows, row_grads, num_unique = _ffi.sparse_grad(
-            g, masked_ids, jnp.asarray(segment_ids), scale, capacity, per_id
+            g, masked_ids, segment_ids, scale, capacity, per_id
         )
     return rows, row_grads, jnp.maximum(num_unique - capacity, 0).astype(jnp.int32)
 
@@ -211,7 +204,7 @@ def unique(
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Dedup with inverse index and counts; see `reference.unique` (overflow =
     `max(num_unique - capacity, 0)`)."""
-    ids = jnp.asarray(ids)
+    ids = as_ids("unique: ids", ids)
     _check_ids("unique", ids)
     if resolve(backend) is Backend.REFERENCE:
         return reference.unique(ids, capacity)

@@ -81,6 +81,7 @@ def lookup_pool(
         rows = jnp.zeros((ids.shape[0], table.shape[1]), jnp.float32)
     else:
         rows = jnp.take(table, safe, axis=0).astype(jnp.float32)
+        rows = jnp.where(valid[:, None], rows, 0.0)  # a padding id reads no row (not row 0)
     w = jnp.ones(ids.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
     w = jnp.where(valid, w, 0.0)
     rows = rows * w[:, None]

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from embark_jax.ops import _ffi, reference
+from embark_jax.ops._ids import as_ids
 from embark_jax.ops.backend import Backend, resolve
 
 __all__ = ["segment_sum"]
@@ -26,7 +27,7 @@ def segment_sum(
     float32 and bfloat16 values; int32 and int64 segment ids.
     """
     values = jnp.asarray(values)
-    segment_ids = jnp.asarray(segment_ids)
+    segment_ids = as_ids("segment_sum: segment_ids", segment_ids)
     if segment_ids.shape != values.shape[:1]:
         raise ValueError(
             f"segment_sum: segment_ids shape {segment_ids.shape} must be [N] for values "

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from embark_jax.core.specs import Combiner
 from embark_jax.ops import _ffi, reference
+from embark_jax.ops._ids import as_ids
 from embark_jax.ops.backend import Backend, resolve
 from embark_jax.ops.lookup import id_scale, lookup_pool_backward
 from embark_jax.ops.optimizers import SparseOptimizer, with_rounding_seed
@@ -103,13 +104,13 @@ def lookup_pool_backward_update(
     Returns `(table, state, num_unique_rows)`; in place when `table`/`state` are donated.
     """
     combiner = Combiner.parse(combiner)
-    ids = jnp.asarray(ids)
+    ids = as_ids("lookup_pool_backward_update: ids", ids)
     g = jnp.asarray(output_grads)
     vocab = table.shape[0]
     per_id = combiner is Combiner.NONE
     if per_id:
         segment_ids = jnp.arange(ids.shape[0], dtype=jnp.int32)
-    segment_ids = jnp.asarray(segment_ids)
+    segment_ids = as_ids("lookup_pool_backward_update: segment_ids", segment_ids)
     scale = id_scale(ids, segment_ids, g.shape[0], weights, combiner, vocab)
     ids = jnp.where(scale != 0, ids, -1)
     if resolve(backend) is Backend.REFERENCE:
