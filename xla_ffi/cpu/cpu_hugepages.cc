@@ -214,7 +214,7 @@ int64_t AdviseHugePages(const void* p, int64_t bytes) {
 
 void NoteFreshOutput(void* p, int64_t bytes) {
   // Smaller outputs come from the heap, already faulted in: advising them would only split
-  // its mapping and wake khugepaged.
+  // its mapping and wake khugepaged (which a large one served from the heap may still do).
   if (bytes < kMallocMmapThreshold || GetHugePageMode() == HugePageMode::OFF) return;
   uintptr_t lo, hi;
   AlignedInterior(p, bytes, &lo, &hi);

@@ -14,7 +14,9 @@
 // waits or sleeps on (a sleeper wakes up there, or on its waker's), and a caller moves each
 // worker published on its own CPU onto the process's others (sched_setaffinity on the worker's
 // thread id) before it publishes a job. A worker that still picks up a job on its caller's CPU
-// moves itself off. A worker takes back its whole mask before it sleeps.
+// moves itself off. A worker takes back its whole mask before it sleeps. The masks are the
+// pool's: set from the process's mask when the pool starts, so a binding of the workers from
+// outside afterwards (taskset -a -p, numactl) lasts only until a worker next sleeps.
 //
 // One job at a time: a call that finds the pool busy (several devices of one process calling
 // kernels concurrently), or that comes from inside a job (a nested ParallelFor), runs its
@@ -91,14 +93,23 @@ cpu_set_t AllBut(const cpu_set_t& mask, int cpu) {
 // Where a worker waits: its thread id and the CPU it waits or sleeps on, or kNowhere (working,
 // or moved off a caller's CPU since).
 constexpr int kNowhere = -1;
-struct WorkerSlot {
+struct alignas(64) WorkerSlot {  // a cache line each: waiting workers write theirs
   std::atomic<pid_t> tid{0};
   std::atomic<int> cpu{kNowhere};
+
+  void Publish(int c) {
+    if (cpu.load(std::memory_order_relaxed) != c) cpu.store(c, std::memory_order_relaxed);
+  }
 };
+
+// Set in a child forked after the pool started: its workers did not survive the fork (and
+// the slots name the parent's threads), so every job runs on its caller.
+std::atomic<bool> g_forked{false};
 
 class SpinPool {
  public:
   SpinPool() : threads_(AvailableThreads()), slots_(new WorkerSlot[threads_]) {
+    pthread_atfork(nullptr, nullptr, [] { g_forked.store(true); });
     CPU_ZERO(&mask_);  // unknown (no moves) if the call fails
     sched_getaffinity(0, sizeof(mask_), &mask_);
     for (int64_t t = 1; t < threads_; ++t) {
@@ -110,7 +121,7 @@ class SpinPool {
 
   void Run(int64_t chunks, void (*fn)(void*, int64_t), void* ctx) {
     Job job{fn, ctx, chunks};
-    if (t_in_job || threads_ <= 1) {  // nested, or alone: run it here
+    if (t_in_job || threads_ <= 1 || g_forked.load(std::memory_order_relaxed)) {  // run here
       job.Work();
       return;
     }
@@ -137,7 +148,7 @@ class SpinPool {
  private:
   // Moves every worker waiting or sleeping on the caller's CPU onto the process's other CPUs;
   // returns the caller's CPU, or -1 where moving cannot help (one CPU, more threads than CPUs,
-  // a caller outside the mask). Costs one getcpu when no worker is there.
+  // a caller outside the mask). Costs a getcpu and a read of each worker's slot.
   int MoveWorkersOffMyCpu() {
     const int me = sched_getcpu();
     const int cpus = CPU_COUNT(&mask_);
@@ -160,7 +171,7 @@ class SpinPool {
     uint64_t seen = gen_.load();
     for (;;) {
       seen = WaitForJob(seen, slot);
-      slot.cpu.store(kNowhere, std::memory_order_relaxed);
+      slot.Publish(kNowhere);
       busy_.fetch_add(1);
       if (Job* job = job_.load()) {
         if (job->caller_cpu >= 0 && sched_getcpu() == job->caller_cpu) {  // woken onto it
@@ -179,7 +190,7 @@ class SpinPool {
   // as XLA's own, gets the CPU: libgomp's workers likewise stay busy ~4 ms after a region.
   uint64_t WaitForJob(uint64_t seen, WorkerSlot& slot) {
     const auto start = std::chrono::steady_clock::now();
-    slot.cpu.store(sched_getcpu(), std::memory_order_relaxed);
+    slot.Publish(sched_getcpu());
     for (int i = 0;; ++i) {
       const uint64_t g = gen_.load();
       if (g != seen) return g;
@@ -190,14 +201,14 @@ class SpinPool {
       const uint64_t g = gen_.load();
       if (g != seen) return g;
       sched_yield();
-      slot.cpu.store(sched_getcpu(), std::memory_order_relaxed);
+      slot.Publish(sched_getcpu());
       if (std::chrono::steady_clock::now() - start > kYield) break;
     }
-    slot.cpu.store(kNowhere, std::memory_order_relaxed);
+    slot.Publish(kNowhere);
     if (CPU_COUNT(&mask_) > 0) {  // back to every CPU (it stays where it is)
       sched_setaffinity(0, sizeof(mask_), &mask_);
     }
-    slot.cpu.store(sched_getcpu(), std::memory_order_relaxed);
+    slot.Publish(sched_getcpu());
     sleepers_.fetch_add(1);
     std::unique_lock<std::mutex> lock(sleep_mu_);
     wake_.wait(lock, [&] { return gen_.load() != seen; });

@@ -24,8 +24,10 @@
 //     advised at once (MADV_HUGEPAGE only, nothing moved). glibc serves an allocation over its
 //     mmap threshold (32 MiB as cpu_malloc.h sets it) from a fresh mapping each time, which the
 //     kernel's writes faulted in 4 KiB at a time: measured here, lookup_pool_backward's
-//     64 MiB [C, D] gradient (4096 x 32 ids, uniform over 1M rows) took 29-33 ms, 17-18 ms
-//     with the advice (its pages then fault in 2 MiB at a time).
+//     64 MiB [C, D] gradient (4096 x 32 ids, uniform over 1M rows) took 29-33 ms, 14-18 ms
+//     with the advice (its pages then fault in 2 MiB at a time). glibc may still serve such a
+//     request from its heap (a free block that fits); the advice then only splits the heap's
+//     mapping and lets khugepaged collapse the range later.
 //   off (EMBARK_HUGEPAGES=off): nothing is advised.
 //
 // AdviseHugePages does the same synchronously for one buffer (embark_jax.ops.native).
@@ -49,7 +51,7 @@ int64_t AdviseHugePages(const void* p, int64_t bytes);
 void NoteRandomAccess(const void* p, int64_t bytes);
 
 // The hook of a kernel about to write [p, p + bytes) as an output: advises the 2 MiB-aligned
-// interior of one of at least kMallocMmapThreshold (a fresh mapping; MADV_HUGEPAGE,
+// interior of one of at least kMallocMmapThreshold (usually a fresh mapping; MADV_HUGEPAGE,
 // synchronous, one madvise), so that its pages fault in 2 MiB at a time; errors are ignored.
 void NoteFreshOutput(void* p, int64_t bytes);
 
