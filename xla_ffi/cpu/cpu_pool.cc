@@ -83,11 +83,11 @@ int64_t AvailableThreads() {
   return hc ? hc : 1;
 }
 
-// `mask` but `cpu`.
-cpu_set_t AllBut(const cpu_set_t& mask, int cpu) {
+// Restricts thread `tid` (0: the calling thread) to `mask` but `cpu`.
+void MoveOff(pid_t tid, const cpu_set_t& mask, int cpu) {
   cpu_set_t others = mask;
   CPU_CLR(cpu, &others);
-  return others;
+  sched_setaffinity(tid, sizeof(others), &others);
 }
 
 // Where a worker waits: its thread id and the CPU it waits or sleeps on, or kNowhere (working,
@@ -112,6 +112,7 @@ class SpinPool {
     pthread_atfork(nullptr, nullptr, [] { g_forked.store(true); });
     CPU_ZERO(&mask_);  // unknown (no moves) if the call fails
     sched_getaffinity(0, sizeof(mask_), &mask_);
+    cpus_ = CPU_COUNT(&mask_);
     for (int64_t t = 1; t < threads_; ++t) {
       std::thread([this, t] { WorkerLoop(slots_[t]); }).detach();
     }
@@ -151,14 +152,12 @@ class SpinPool {
   // a caller outside the mask). Costs a getcpu and a read of each worker's slot.
   int MoveWorkersOffMyCpu() {
     const int me = sched_getcpu();
-    const int cpus = CPU_COUNT(&mask_);
-    if (me < 0 || !CPU_ISSET(me, &mask_) || cpus < 2 || threads_ > cpus) return -1;
+    if (me < 0 || !CPU_ISSET(me, &mask_) || cpus_ < 2 || threads_ > cpus_) return -1;
     for (int64_t t = 1; t < threads_; ++t) {
       if (slots_[t].cpu.load(std::memory_order_relaxed) != me) continue;
       const pid_t tid = slots_[t].tid.load();
       if (tid == 0) continue;  // not started (0 would name the caller itself)
-      const cpu_set_t others = AllBut(mask_, me);
-      sched_setaffinity(tid, sizeof(others), &others);
+      MoveOff(tid, mask_, me);
       slots_[t].cpu.store(kNowhere, std::memory_order_relaxed);
     }
     return me;
@@ -175,8 +174,7 @@ class SpinPool {
       busy_.fetch_add(1);
       if (Job* job = job_.load()) {
         if (job->caller_cpu >= 0 && sched_getcpu() == job->caller_cpu) {  // woken onto it
-          const cpu_set_t others = AllBut(mask_, job->caller_cpu);
-          sched_setaffinity(0, sizeof(others), &others);
+          MoveOff(0, mask_, job->caller_cpu);
         }
         job->Work();
       }
@@ -205,7 +203,7 @@ class SpinPool {
       if (std::chrono::steady_clock::now() - start > kYield) break;
     }
     slot.Publish(kNowhere);
-    if (CPU_COUNT(&mask_) > 0) {  // back to every CPU (it stays where it is)
+    if (cpus_ > 0) {  // back to every CPU (it stays where it is)
       sched_setaffinity(0, sizeof(mask_), &mask_);
     }
     slot.Publish(sched_getcpu());
@@ -219,6 +217,7 @@ class SpinPool {
   const int64_t threads_;
   const std::unique_ptr<WorkerSlot[]> slots_;  // [0] unused: the caller is thread 0
   cpu_set_t mask_;                              // the CPUs this process may run on
+  int cpus_ = 0;                                // how many: CPU_COUNT(&mask_)
   std::mutex submit_mu_;
   std::atomic<Job*> job_{nullptr};
   std::atomic<uint64_t> gen_{0};
