@@ -92,7 +92,8 @@ def test_bag_ends_guessed_from_the_last_bag_are_checked(isa, rng):
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
 @pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("dim", [40, 64])  # 64: whole vectors in one block, the flat loop
+# 64: whole vectors in one block, the flat loop; 48 and 64: paired bf16 loads; 160: two blocks
+@pytest.mark.parametrize("dim", [40, 48, 64, 160])
 def test_every_isa_handles_bf16_tables_and_outputs(isa, table_dtype, out_dtype, dim, rng):
     table = jnp.asarray(rng.normal(size=(64, dim)), table_dtype)
     ids, seg, w = _bags(rng, 30, 6, 64)
@@ -212,6 +213,33 @@ def test_every_isa_rounds_bf16_outputs_to_nearest_even_bit_for_bit(isa, dim):
     got = ops.lookup_pool(table, ids, ids, 8, out_dtype=jnp.bfloat16, indices_are_sorted=True)
     got = np.asarray(got.astype(jnp.float32))
     want = np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32))
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan], want[~nan])
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
+# 64: paired loads (two vectors a load) with AVX2 and AVX-512; 48: with AVX2 only; 160: two
+# column blocks; 40: two vectors (paired with AVX-512) and a scalar tail
+@pytest.mark.parametrize("dim", [40, 48, 64, 160])
+def test_every_isa_sums_bf16_rows_in_order_bit_for_bit(isa, out_dtype, dim):
+    """A bfloat16 row is widened two vectors per load into even and odd columns; the store
+    must put every column back in place and round it once. Bags of two rows, so each float
+    sum is one add that numpy makes too; ties to even, inf, NaN and huge values included."""
+    rng = np.random.default_rng(9)
+    x = (rng.normal(size=(16, dim)) * 1e3).astype(np.float32)
+    x[0], x[1] = 1.0, 2.0**-8  # 1 + 2**-8: an exact tie, rounds down to even
+    x[2], x[3] = 1.0 + 2.0**-7, 2.0**-8  # a tie that rounds up to even
+    x[4, :4], x[5, :4] = [np.inf, np.nan, 3.3e38, -np.inf], [1.0, 1.0, 3.3e38, np.inf]
+    table = jnp.asarray(x, jnp.bfloat16)
+    v32 = np.asarray(table.astype(jnp.float32))
+    ids = jnp.arange(16, dtype=jnp.int32)
+    seg = jnp.repeat(jnp.arange(8, dtype=jnp.int32), 2)
+    got = ops.lookup_pool(table, ids, seg, 8, out_dtype=out_dtype, indices_are_sorted=True)
+    got = np.asarray(got.astype(jnp.float32))
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = np.asarray(jnp.asarray(v32[0::2] + v32[1::2]).astype(out_dtype).astype(jnp.float32))
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(got), nan)
     np.testing.assert_array_equal(got[~nan], want[~nan])

@@ -38,6 +38,19 @@ struct ScalarVec {
   static inline V Mul(V a, V b) { return a * b; }
   static inline void Store(float* p, V v) { *p = v; }
   static inline void StoreBf16(uint16_t* p, V v) { *p = FloatToBf16(v); }  // host_bf16.h
+  // The pair forms of Avx2Vec/Avx512Vec (the pooling loop uses them only with wider vectors).
+  static inline void LoadBf16Pair(const uint16_t* p, V* even, V* odd) {
+    *even = Bf16ToFloat(p[0]);
+    *odd = Bf16ToFloat(p[1]);
+  }
+  static inline void StorePair(float* p, V even, V odd) {
+    p[0] = even;
+    p[1] = odd;
+  }
+  static inline void StoreBf16Pair(uint16_t* p, V even, V odd) {
+    p[0] = FloatToBf16(even);
+    p[1] = FloatToBf16(odd);
+  }
 };
 
 #if EMBARK_HAVE_X86_SIMD
@@ -58,7 +71,30 @@ struct Avx2Vec {
   static inline V Add(V a, V b) { return _mm256_add_ps(a, b); }
   static inline V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static inline void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  // Two vectors from 2 * kW bfloat16 values in one load, each widened by a shift or a mask:
+  // `even` holds the values at even positions, `odd` those at odd positions. A row summed in
+  // this order is stored back in order by StorePair / StoreBf16Pair.
+  static inline void LoadBf16Pair(const uint16_t* p, V* even, V* odd) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(-65536)));
+  }
+  static inline void StorePair(float* p, V even, V odd) {  // p[2i] = even[i], p[2i+1] = odd[i]
+    const __m256 a = _mm256_unpacklo_ps(even, odd), b = _mm256_unpackhi_ps(even, odd);
+    _mm256_storeu_ps(p, _mm256_permute2f128_ps(a, b, 0x20));
+    _mm256_storeu_ps(p + kW, _mm256_permute2f128_ps(a, b, 0x31));
+  }
+  static inline void StoreBf16Pair(uint16_t* p, V even, V odd) {  // StorePair, rounded
+    const __m256i r = _mm256_or_si256(RoundBf16(even), _mm256_slli_epi32(RoundBf16(odd), 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), r);
+  }
   static inline void StoreBf16(uint16_t* p, V v) {  // FloatToBf16, 8 at a time
+    const __m256i r = RoundBf16(v);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
+  // FloatToBf16 of each lane, in the lane's low 16 bits (the high 16 bits zero).
+  static inline __m256i RoundBf16(V v) {
     const __m256i bits = _mm256_castps_si256(v);
     const __m256i hi = _mm256_srli_epi32(bits, 16);
     const __m256i odd = _mm256_and_si256(hi, _mm256_set1_epi32(1));
@@ -67,9 +103,7 @@ struct Avx2Vec {
     const __m256i mag = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
     const __m256i nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7f800000));  // mag >= 0
     const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-    const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);  // each lane <= 0xffff
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+    return _mm256_blendv_epi8(rounded, quiet, nan);  // each lane <= 0xffff
   }
 };
 #pragma GCC pop_options
@@ -90,7 +124,28 @@ struct Avx512Vec {
   static inline V Add(V a, V b) { return _mm512_add_ps(a, b); }
   static inline V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static inline void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  // As Avx2Vec's: `even` and `odd` from 2 * kW bfloat16 values in one load.
+  static inline void LoadBf16Pair(const uint16_t* p, V* even, V* odd) {
+    const __m512i x = _mm512_loadu_si512(p);
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    *odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(-65536)));
+  }
+  static inline void StorePair(float* p, V even, V odd) {  // p[2i] = even[i], p[2i+1] = odd[i]
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi =
+        _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    _mm512_storeu_ps(p, _mm512_permutex2var_ps(even, lo, odd));
+    _mm512_storeu_ps(p + kW, _mm512_permutex2var_ps(even, hi, odd));
+  }
+  static inline void StoreBf16Pair(uint16_t* p, V even, V odd) {  // StorePair, rounded
+    const __m512i r = _mm512_or_si512(RoundBf16(even), _mm512_slli_epi32(RoundBf16(odd), 16));
+    _mm512_storeu_si512(p, r);
+  }
   static inline void StoreBf16(uint16_t* p, V v) {  // FloatToBf16, 16 at a time
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(RoundBf16(v)));
+  }
+  // FloatToBf16 of each lane, in the lane's low 16 bits (the high 16 bits zero).
+  static inline __m512i RoundBf16(V v) {
     const __m512i bits = _mm512_castps_si512(v);
     const __m512i hi = _mm512_srli_epi32(bits, 16);
     const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
@@ -99,8 +154,7 @@ struct Avx512Vec {
     const __m512i mag = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
     const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7f800000));
     const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
-    const __m512i r = _mm512_mask_blend_epi32(nan, rounded, quiet);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+    return _mm512_mask_blend_epi32(nan, rounded, quiet);  // each lane <= 0xffff
   }
 };
 #pragma GCC pop_options
