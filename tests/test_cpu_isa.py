@@ -246,6 +246,23 @@ def test_every_isa_sums_bf16_rows_in_order_bit_for_bit(isa, out_dtype, dim):
 
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
+def test_subnormals_read_as_zero_in_every_chunk_as_in_xla(isa):
+    """Kernels compute in their caller's floating-point mode, which under XLA flushes
+    subnormals to zero; the pool's workers take that mode for each job. Enough bags that
+    every worker pools some: each bag sums a subnormal row with a tiny normal one, so a path
+    that kept subnormals (the row's 1e-39) would differ from XLA's result in every bag."""
+    tiny = np.float32(np.finfo(np.float32).tiny)  # the smallest normal float
+    table = jnp.asarray(np.array([[1e-39] * 16, [tiny] * 16], np.float32))
+    bags = 4096
+    ids = jnp.asarray(np.tile([0, 1], bags).astype(np.int32))
+    seg = jnp.asarray(np.repeat(np.arange(bags), 2).astype(np.int32))
+    got = np.asarray(ops.lookup_pool(table, ids, seg, bags, indices_are_sorted=True))
+    want = np.asarray(jax.jit(lambda t: t[ids].reshape(bags, 2, 16).sum(1))(table))
+    assert want[0, 0] == tiny  # XLA's own code flushed the subnormal row
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
 def test_every_isa_rounds_bf16_segment_sums_once_bit_for_bit(isa):
     """segment_sum of bfloat16 adds in float32 and rounds each output element once, a vector
     at a time: two rows per segment, so the float32 sum is the same single add as numpy's."""

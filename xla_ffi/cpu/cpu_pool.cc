@@ -33,6 +33,9 @@
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -51,6 +54,27 @@ namespace {
 constexpr auto kSpin = std::chrono::microseconds(200);   // then yield the CPU while waiting
 constexpr auto kYield = std::chrono::milliseconds(5);     // then sleep on the condition variable
 
+// The floating-point mode of SSE/AVX arithmetic (MXCSR: rounding, flush-to-zero and
+// denormals-are-zero). XLA runs its CPU code, ours included, with subnormals flushed to zero;
+// a worker computes its chunks in its caller's mode, so a result never depends on which
+// thread took a chunk (a worker inherits its creator's mode, which need not be a later
+// caller's). 0 where there is no such register.
+inline unsigned FpMode() {
+#if defined(__x86_64__) || defined(__i386__)
+  return _mm_getcsr();
+#else
+  return 0;
+#endif
+}
+
+inline void SetFpMode(unsigned mode) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (_mm_getcsr() != mode) _mm_setcsr(mode);
+#else
+  (void)mode;
+#endif
+}
+
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -66,6 +90,7 @@ struct Job {
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
   int caller_cpu = -1;  // where the caller runs its chunks, if known
+  unsigned fp_mode = FpMode();  // the caller's; a worker takes it for the job's chunks
 
   void Work() {
     for (int64_t c; (c = next.fetch_add(1)) < chunks;) {
@@ -183,6 +208,7 @@ class SpinPool {
         if (job->caller_cpu >= 0 && sched_getcpu() == job->caller_cpu) {  // woken onto it
           MoveOff(0, mask_, job->caller_cpu);
         }
+        SetFpMode(job->fp_mode);
         job->Work();
       }
       busy_.fetch_sub(1);
