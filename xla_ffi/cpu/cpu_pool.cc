@@ -119,8 +119,8 @@ void MoveOff(pid_t tid, const cpu_set_t& mask, int cpu) {
   sched_setaffinity(tid, sizeof(others), &others);
 }
 
-// Where a worker waits: its thread id and the CPU it waits or sleeps on, or kNowhere (working,
-// or moved off a caller's CPU since).
+// Where a worker waits: its thread id and the CPU it spins or yields on, or kNowhere (working,
+// asleep, or moved off a caller's CPU since); `asleep` while on the condition variable.
 constexpr int kNowhere = -1;
 struct alignas(64) WorkerSlot {  // a cache line each: waiting workers write theirs
   std::atomic<pid_t> tid{0};
@@ -239,8 +239,7 @@ class SpinPool {
     if (cpus_ > 0) {  // back to every CPU (it stays where it is)
       sched_setaffinity(0, sizeof(mask_), &mask_);
     }
-    slot.Publish(sched_getcpu());
-    slot.asleep.store(true);
+    slot.asleep.store(true);  // moved off a caller's CPU wherever it sleeps
     sleepers_.fetch_add(1);
     std::unique_lock<std::mutex> lock(sleep_mu_);
     wake_.wait(lock, [&] { return gen_.load() != seen; });
