@@ -1,4 +1,4 @@
-"""The CPU kernels' SIMD paths (AVX-512, AVX2, portable scalar) and their worker pool.
+"""The CPU kernels' SIMD paths (AVX-512 with and without BF16, AVX2, portable scalar) and pool.
 
 Every path this CPU supports is forced in turn (`native.set_cpu_isa`) and compared with the
 jnp reference on widths that exercise full register blocks, several blocks and the scalar
@@ -273,3 +273,58 @@ def test_every_isa_rounds_bf16_segment_sums_once_bit_for_bit(isa):
     v32 = np.asarray(v.astype(jnp.float32))
     want = np.asarray(jnp.asarray(v32[0::2] + v32[1::2]).astype(jnp.bfloat16).astype(jnp.float32))
     np.testing.assert_array_equal(got, want)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            line = next(ln for ln in fh if ln.startswith("flags"))
+    except (OSError, StopIteration):
+        pytest.skip("no x86 flags in /proc/cpuinfo")
+    return set(line.split(":", 1)[1].split())
+
+
+def test_the_best_isa_is_the_one_the_cpu_reports():
+    """Checked against the kernel's own account of the CPU (/proc/cpuinfo lists a feature only
+    where the OS also saves its registers), not against our detection code."""
+    flags = _cpu_flags()
+    if {"avx512f", "avx512bw", "avx512_bf16"} <= flags:
+        want = "avx512bf16"
+    elif "avx512f" in flags:
+        want = "avx512"
+    elif {"avx2", "fma"} <= flags:
+        want = "avx2"
+    else:
+        want = "scalar"
+    assert native.cpu_isa()["best"] == want
+
+
+@pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_every_isa_stores_the_same_bf16_bits(table_dtype, combiner):
+    """A bfloat16 output is rounded by a different instruction sequence on each path (the
+    BF16 extension's conversion on avx512bf16); unweighted sums in the same order must give
+    the same bits everywhere. Random bags of 0-12 ids over widths with and without paired
+    loads, several column blocks and scalar tails."""
+    rng = np.random.default_rng(11)
+    for dim in (16, 32, 40, 64, 96, 128, 136, 264):
+        table = jnp.asarray(rng.normal(size=(300, dim)) * 50.0, table_dtype)
+        ids, seg, _ = _bags(rng, 200, 12, 300)
+        outs = {}
+        for name in ISAS:
+            previous = native.set_cpu_isa(name)
+            try:
+                out = ops.lookup_pool(
+                    table,
+                    jnp.asarray(ids),
+                    jnp.asarray(seg),
+                    200,
+                    combiner=combiner,
+                    out_dtype=jnp.bfloat16,
+                    indices_are_sorted=True,
+                )
+                outs[name] = np.asarray(out).view(np.uint16)
+            finally:
+                native.set_cpu_isa(previous)
+        for name, bits in outs.items():
+            np.testing.assert_array_equal(bits, outs["scalar"], err_msg=f"{name}, dim {dim}")

@@ -1,8 +1,8 @@
 """The environment switches of the CPU kernels, checked without importing JAX (the command
 line checks them before a command runs; `embark_jax.ops.native` before the kernels load).
 
-- `EMBARK_CPU_ISA`: `auto` (default), `scalar`, `avx2` or `avx512`: the SIMD path the kernels
-  use (at most the best the CPU supports).
+- `EMBARK_CPU_ISA`: `auto` (default), `scalar`, `avx2`, `avx512` or `avx512bf16` (AVX-512 with
+  the BF16 conversions): the SIMD path the kernels use (at most the best the CPU supports).
 - `EMBARK_CPU_THREADS`: a positive integer, the threads each CPU kernel runs on (default: the
   CPUs the process may use).
 - `EMBARK_HUGEPAGES`: `auto` (default; also `on`, `1`) or `off` (`0`): whether the kernels move
@@ -27,7 +27,7 @@ __all__ = [
     "user_sets_malloc",
 ]
 
-CPU_ISAS = ("scalar", "avx2", "avx512")
+CPU_ISAS = ("scalar", "avx2", "avx512", "avx512bf16")
 _HUGE_PAGE_VALUES = {"auto": "auto", "on": "auto", "1": "auto", "off": "off", "0": "off"}
 
 

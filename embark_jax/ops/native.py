@@ -195,7 +195,8 @@ def _cpu_module():
 
 def cpu_isa() -> dict[str, str]:
     """The SIMD instruction set of the CPU kernels: `{"active": ..., "best": ...}`, each one of
-    `scalar`, `avx2`, `avx512` (docs/design.md §7)."""
+    `scalar`, `avx2`, `avx512`, `avx512bf16` (AVX-512 with the BF16 conversions, which
+    `lookup_pool`'s bfloat16 outputs use; docs/design.md §7)."""
     m = _cpu_module()
     return {"active": m.cpu_isa(), "best": m.best_cpu_isa()}
 

@@ -10,7 +10,11 @@ CpuIsa Detect() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   // libgcc's checks include the OS's XSAVE state (XCR0), not only the CPUID bits.
-  if (__builtin_cpu_supports("avx512f")) return CpuIsa::AVX512;
+  if (__builtin_cpu_supports("avx512f")) {
+    const bool bf16 =
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
+    return bf16 ? CpuIsa::AVX512_BF16 : CpuIsa::AVX512;
+  }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CpuIsa::AVX2;
 #endif
   return CpuIsa::SCALAR;
@@ -38,6 +42,7 @@ bool SetCpuIsa(CpuIsa isa) {
 
 const char* CpuIsaName(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::AVX512_BF16: return "avx512bf16";
     case CpuIsa::AVX512: return "avx512";
     case CpuIsa::AVX2: return "avx2";
     default: return "scalar";

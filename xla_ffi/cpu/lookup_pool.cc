@@ -6,9 +6,10 @@
 // Padding ids (< 0 or >= V) and segment ids outside [0, S) contribute nothing; empty bags are
 // zero. Segment ids sorted ascending (the SparseFeatures layout) take the fast path: each
 // worker pools a contiguous range of bags with SIMD accumulators held in registers (the
-// loops of pool_body.inc, compiled for AVX-512, AVX2 and portable C++, chosen at run time by
-// cpu_isa.h) and prefetches the rows of the ids ahead. Unsorted segment ids fall back to
-// workers that own a segment range and scan all ids.
+// loops of pool_body.inc, compiled for AVX-512, AVX2 and portable C++, and for bfloat16
+// outputs once more for AVX-512 with the BF16 conversions, chosen at run time by cpu_isa.h)
+// and prefetches the rows of the ids ahead. Unsorted segment ids fall back to workers that
+// own a segment range and scan all ids.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -59,6 +60,14 @@ using Vec = Avx512Vec;
 #include "pool_body.inc"
 }  // namespace pool_avx512
 #pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512bf16,avx2,fma")
+namespace pool_avx512bf16 {  // only its bfloat16-output instances are used (SelectPool)
+using Vec = Avx512Bf16Vec;
+#include "pool_body.inc"
+}  // namespace pool_avx512bf16
+#pragma GCC pop_options
 #endif
 
 namespace {
@@ -74,7 +83,12 @@ struct PoolFns {
 template <typename T, typename Id, typename S, typename O>
 PoolFns<T, Id, S, O> SelectPool(CpuIsa isa) {
 #if EMBARK_HAVE_X86_SIMD
-  if (isa == CpuIsa::AVX512) {
+  if constexpr (std::is_same_v<O, uint16_t>) {
+    if (isa == CpuIsa::AVX512_BF16) {
+      return {&pool_avx512bf16::PoolSorted<T, Id, S, O>, &pool_avx512bf16::PoolRows<T, Id, O>};
+    }
+  }
+  if (isa >= CpuIsa::AVX512) {  // AVX512_BF16 too for a float output (no bf16 store to speed)
     return {&pool_avx512::PoolSorted<T, Id, S, O>, &pool_avx512::PoolRows<T, Id, O>};
   }
   if (isa == CpuIsa::AVX2) {

@@ -22,14 +22,16 @@ py::capsule Capsule(T* fn) {
 }
 
 constexpr embark::CpuIsa kIsas[] = {embark::CpuIsa::SCALAR, embark::CpuIsa::AVX2,
-                                    embark::CpuIsa::AVX512};
+                                    embark::CpuIsa::AVX512, embark::CpuIsa::AVX512_BF16};
 
-// The instruction set named `name` ("scalar", "avx2", "avx512"); ValueError otherwise.
+// The instruction set named `name` ("scalar", "avx2", "avx512", "avx512bf16"); ValueError
+// otherwise.
 embark::CpuIsa ParseIsa(const std::string& name) {
   for (embark::CpuIsa isa : kIsas) {
     if (name == embark::CpuIsaName(isa)) return isa;
   }
-  throw py::value_error("cpu isa must be one of scalar, avx2, avx512; got '" + name + "'");
+  throw py::value_error("cpu isa must be one of scalar, avx2, avx512, avx512bf16; got '" + name +
+                        "'");
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ using SumSortedFn = void (*)(const T*, int64_t, const S*, T*, int64_t, int64_t, 
 template <typename T, typename S>
 SumSortedFn<T, S> SelectSum(CpuIsa isa) {
 #if EMBARK_HAVE_X86_SIMD
-  if (isa == CpuIsa::AVX512) return &segment_avx512::SumSorted<T, S>;
+  if (isa >= CpuIsa::AVX512) return &segment_avx512::SumSorted<T, S>;  // AVX512_BF16 too
   if (isa == CpuIsa::AVX2) return &segment_avx2::SumSorted<T, S>;
 #endif
   (void)isa;
