@@ -22,13 +22,24 @@
 // pool's: set from the process's mask when the pool starts, so a binding of the workers from
 // outside afterwards (taskset -a -p, numactl) lasts only until a worker next sleeps.
 //
+// Each thread has a share of a job's chunks: the caller the first 1/T of them, worker t the
+// t-th (T threads). It takes its own share in order, then whatever is left of the others'
+// (a late or absent worker's share is done by the rest), claiming each chunk from its share's
+// counter, a cache line of its own. So a job's chunks do not bounce one counter between the
+// CPUs, and in steady state each thread writes the same part of an output call after call,
+// which stays in its own cache. Measured (1024 x 8 x 64 float, 2 threads, turns of 8 calls
+// after an 8 ms pause, calls 3-5, four processes each): median 40-42 -> 32-33 us, min
+// 29.5-32 -> 28-29.5 us, against one shared counter taken chunk by chunk.
+//
 // One job at a time: a call that finds the pool busy (several devices of one process calling
 // kernels concurrently), or that comes from inside a job (a nested ParallelFor), runs its
-// chunks on its own thread. Protocol: the caller publishes the
-// job (job_, then gen_), takes chunks itself, waits until every chunk is done, unpublishes the
-// job and waits until no worker is inside it (busy_ == 0). A worker announces itself in busy_
-// before reading job_, so with sequentially consistent atomics it either sees the job while
-// the caller still waits for it, or sees it unpublished: it never touches a returned call.
+// chunks on its own thread. Protocol: the caller sets the shares, publishes the job (job_,
+// then gen_), takes chunks until every share is spent, unpublishes the job and waits until no
+// worker is inside it (busy_ == 0): a worker still in a chunk holds busy_ until the chunk is
+// done. A worker announces itself in busy_ before reading job_, so with sequentially
+// consistent atomics it either sees the job while the caller still waits for it, or sees it
+// unpublished: it never touches a returned call, and the shares are set again only when no
+// worker is inside a job.
 #include <pthread.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -83,19 +94,34 @@ inline void CpuRelax() {
 
 thread_local bool t_in_job = false;  // a worker thread, or a caller inside Run
 
+// Thread t's share of a job's chunks, [next, end) of [t * chunks / T, (t + 1) * chunks / T):
+// it takes them in order, then takes what is left of the others' shares. A cache line each, so
+// a thread claims its own chunks without moving a line between CPUs.
+struct alignas(64) Share {
+  std::atomic<int64_t> next{0};
+  int64_t end = 0;
+
+  bool Claim(int64_t* c) {
+    if (next.load(std::memory_order_relaxed) >= end) return false;  // spent: no write
+    *c = next.fetch_add(1);
+    return *c < end;
+  }
+};
+
 struct Job {
   void (*fn)(void*, int64_t);
   void* ctx;
   int64_t chunks;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
+  Share* shares;  // [threads], the pool's
+  int64_t threads;
   int caller_cpu = -1;  // where the caller runs its chunks, if known
   unsigned fp_mode = FpMode();  // the caller's; a worker takes it for the job's chunks
 
-  void Work() {
-    for (int64_t c; (c = next.fetch_add(1)) < chunks;) {
-      fn(ctx, c);
-      done.fetch_add(1);
+  // Thread t's work: its own share, then the others' leftovers.
+  void Work(int64_t t) {
+    for (int64_t k = 0; k < threads; ++k) {
+      Share& share = shares[(t + k) % threads];
+      for (int64_t c; share.Claim(&c);) fn(ctx, c);
     }
   }
 };
@@ -138,7 +164,10 @@ std::atomic<bool> g_forked{false};
 
 class SpinPool {
  public:
-  SpinPool() : threads_(AvailableThreads()), slots_(new WorkerSlot[threads_]) {
+  SpinPool()
+      : threads_(AvailableThreads()),
+        slots_(new WorkerSlot[threads_]),
+        shares_(new Share[threads_]) {
     pthread_atfork(nullptr, nullptr, [] { g_forked.store(true); });
     CPU_ZERO(&mask_);  // unknown (no moves) if the call fails
     sched_getaffinity(0, sizeof(mask_), &mask_);
@@ -151,16 +180,20 @@ class SpinPool {
   int64_t threads() const { return threads_; }
 
   void Run(int64_t chunks, void (*fn)(void*, int64_t), void* ctx) {
-    Job job{fn, ctx, chunks};
     if (t_in_job || threads_ <= 1 || g_forked.load(std::memory_order_relaxed)) {  // run here
-      job.Work();
+      RunHere(chunks, fn, ctx);
       return;
     }
     std::unique_lock<std::mutex> submit(submit_mu_, std::try_to_lock);
     if (!submit.owns_lock()) {  // another caller has the workers
-      job.Work();
+      RunHere(chunks, fn, ctx);
       return;
     }
+    for (int64_t t = 0; t < threads_; ++t) {  // no worker is inside a job (busy_ == 0)
+      shares_[t].end = (t + 1) * chunks / threads_;
+      shares_[t].next.store(t * chunks / threads_, std::memory_order_relaxed);
+    }
+    Job job{fn, ctx, chunks, shares_.get(), threads_};
     t_in_job = true;
     job.caller_cpu = MoveWorkersOffMyCpu();
     job_.store(&job);
@@ -169,14 +202,18 @@ class SpinPool {
       std::lock_guard<std::mutex> lock(sleep_mu_);
       wake_.notify_all();
     }
-    job.Work();
-    while (job.done.load() < chunks) CpuRelax();
+    job.Work(0);  // returns once every share is spent: every chunk claimed
+    // A worker still in a chunk holds busy_ until the chunk is done.
     job_.store(nullptr);
     while (busy_.load() != 0) CpuRelax();
     t_in_job = false;
   }
 
  private:
+  static void RunHere(int64_t chunks, void (*fn)(void*, int64_t), void* ctx) {
+    for (int64_t c = 0; c < chunks; ++c) fn(ctx, c);
+  }
+
   // Moves every worker waiting or sleeping on the caller's CPU onto the process's other CPUs;
   // returns the caller's CPU, or -1 where moving cannot help (one CPU, more threads than CPUs,
   // a caller outside the mask). Costs a getcpu and a read of each worker's slot.
@@ -209,7 +246,7 @@ class SpinPool {
           MoveOff(0, mask_, job->caller_cpu);
         }
         SetFpMode(job->fp_mode);
-        job->Work();
+        job->Work(&slot - slots_.get());
       }
       busy_.fetch_sub(1);
     }
@@ -250,6 +287,7 @@ class SpinPool {
 
   const int64_t threads_;
   const std::unique_ptr<WorkerSlot[]> slots_;  // [0] unused: the caller is thread 0
+  const std::unique_ptr<Share[]> shares_;       // the current job's, [t]: thread t's
   cpu_set_t mask_;                              // the CPUs this process may run on
   int cpus_ = 0;                                // how many: CPU_COUNT(&mask_)
   std::mutex submit_mu_;
