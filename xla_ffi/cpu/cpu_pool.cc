@@ -111,8 +111,7 @@ struct alignas(64) Share {
 struct Job {
   void (*fn)(void*, int64_t);
   void* ctx;
-  int64_t chunks;
-  Share* shares;  // [threads], the pool's
+  Share* shares;  // [threads], the pool's: they hold the job's chunks
   int64_t threads;
   int caller_cpu = -1;  // where the caller runs its chunks, if known
   unsigned fp_mode = FpMode();  // the caller's; a worker takes it for the job's chunks
@@ -193,7 +192,7 @@ class SpinPool {
       shares_[t].end = (t + 1) * chunks / threads_;
       shares_[t].next.store(t * chunks / threads_, std::memory_order_relaxed);
     }
-    Job job{fn, ctx, chunks, shares_.get(), threads_};
+    Job job{fn, ctx, shares_.get(), threads_};
     t_in_job = true;
     job.caller_cpu = MoveWorkersOffMyCpu();
     job_.store(&job);
