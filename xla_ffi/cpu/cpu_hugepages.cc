@@ -120,6 +120,11 @@ class Advisor {
     work_.notify_one();
   }
 
+  void Drop(const Range& r) {  // mu_ held: not advised; seen again, it is queued again
+    auto it = seen_.find(r);
+    if (it != seen_.end()) it->second.queued = false;
+  }
+
   void Done(const Range& r, int64_t got, Clock::duration took) {  // mu_ held
     auto it = seen_.find(r);
     if (it != seen_.end()) {
@@ -151,12 +156,20 @@ class Advisor {
       queue_.pop_front();
       working_ = true;
       lock.unlock();
+      // Advice queued before the mode was turned off is dropped: its table may be gone and
+      // its range reused by a buffer allocated since, which `off` promises to leave alone.
+      const bool off = GetHugePageMode() == HugePageMode::OFF;
       const Clock::time_point t0 = Clock::now();
-      const int64_t got = AdviseHugePages(reinterpret_cast<const void*>(r.addr), r.bytes);
+      const int64_t got =
+          off ? 0 : AdviseHugePages(reinterpret_cast<const void*>(r.addr), r.bytes);
       const Clock::duration took = Clock::now() - t0;
       lock.lock();
       working_ = false;
-      Done(r, got, took);
+      if (off) {
+        Drop(r);
+      } else {
+        Done(r, got, took);
+      }
       if (queue_.empty()) idle_.notify_all();
     }
   }

@@ -28,7 +28,8 @@
 //     with the advice (its pages then fault in 2 MiB at a time). glibc may still serve such a
 //     request from its heap (a free block that fits); the advice then only splits the heap's
 //     mapping and lets khugepaged collapse the range later.
-//   off (EMBARK_HUGEPAGES=off): nothing is advised.
+//   off (EMBARK_HUGEPAGES=off): nothing is advised; advice still queued when the mode is set
+//     is dropped (its table may be gone and its range reused by a newer buffer).
 //
 // AdviseHugePages does the same synchronously for one buffer (embark_jax.ops.native).
 #pragma once
