@@ -179,16 +179,15 @@ def save(
     final = step_dir(directory, step)
     tag = multihost_utils.broadcast_one_to_all(np.int64(uuid.uuid4().int % (1 << 62)))
     tmp = f"{final}.tmp-{int(tag):x}"
-    ckptr = ocp.StandardCheckpointer()
-    ckptr.save(os.path.join(tmp, "dense"), _dense_tree(state))
     lowered = setup.lowered
     tables_meta = {}
-    for tp in lowered.plan.tables:
-        arrays = table_arrays(lowered, tp.name, state.tables, state.slots)
-        ckptr.save(os.path.join(tmp, "tables", table_dirname(tp.name)), arrays)
-        ckptr.wait_until_finished()  # one table on the host at a time
-        tables_meta[tp.name] = _table_meta(setup, tp.name, arrays, step)
-    ckptr.wait_until_finished()
+    with ocp.StandardCheckpointer() as ckptr:  # closed on every path, a failed write too
+        ckptr.save(os.path.join(tmp, "dense"), _dense_tree(state))
+        for tp in lowered.plan.tables:
+            arrays = table_arrays(lowered, tp.name, state.tables, state.slots)
+            ckptr.save(os.path.join(tmp, "tables", table_dirname(tp.name)), arrays)
+            ckptr.wait_until_finished()  # one table on the host at a time
+            tables_meta[tp.name] = _table_meta(setup, tp.name, arrays, step)
     if jax.process_index() == 0:
         meta = {
             "format": FORMAT,
@@ -276,25 +275,9 @@ def _empty_tables(setup: TrainSetup) -> dict[str, jax.Array]:
     return out
 
 
-def restore(
-    directory: str, setup: TrainSetup, *, step: int | None = None
-) -> tuple[TrainState, dict[str, Any]]:
-    """Builds a new `TrainState` from a checkpoint, whatever plan, device count or process
-    count it was saved with (laid out for `setup`'s plan). Returns `(state, meta)`; meta has
-    `step`, `data_position`, `plan` (the plan it was saved with) and `path`. Nothing the
-    caller holds is changed, so a failure leaves the live state usable. Every mismatch
-    (tables, shapes, dtypes, optimizers, dense parameters, a table directory that is not
-    the one this checkpoint recorded) is a `ValueError` naming the table or parameter."""
-    step = latest_step(directory) if step is None else step
-    path = None if step is None else resolve(directory, step)
-    if path is None:
-        what = "no complete checkpoint" if step is None else f"no complete checkpoint {step}"
-        raise FileNotFoundError(f"{what} in {directory}")
-    meta = read_meta(path)
+def _read_all(ckptr, setup: TrainSetup, meta: dict, path: str) -> tuple[Any, dict, dict]:
+    """The dense tree and new table and slot buffers read from checkpoint `path`."""
     lowered = setup.lowered
-    _check_tables(setup, meta, path)
-    _check_dense(setup, meta, path)
-    ckptr = ocp.StandardCheckpointer()
     dense_dir = os.path.join(path, "dense")
     dense = _read(dense_dir, lambda: ckptr.restore(dense_dir, setup.dense_template))
     tables = _empty_tables(setup)
@@ -310,6 +293,28 @@ def restore(
             )
         check_arrays(lowered, tp.name, arrays)
         write_table(lowered, tp.name, arrays, tables, slots)
+    return dense, tables, slots
+
+
+def restore(
+    directory: str, setup: TrainSetup, *, step: int | None = None
+) -> tuple[TrainState, dict[str, Any]]:
+    """Builds a new `TrainState` from a checkpoint, whatever plan, device count or process
+    count it was saved with (laid out for `setup`'s plan). Returns `(state, meta)`; meta has
+    `step`, `data_position`, `plan` (the plan it was saved with) and `path`. Nothing the
+    caller holds is changed, so a failure leaves the live state usable. Every mismatch
+    (tables, shapes, dtypes, optimizers, dense parameters, a table directory that is not
+    the one this checkpoint recorded) is a `ValueError` naming the table or parameter."""
+    step = latest_step(directory) if step is None else step
+    path = None if step is None else resolve(directory, step)
+    if path is None:
+        what = "no complete checkpoint" if step is None else f"no complete checkpoint {step}"
+        raise FileNotFoundError(f"{what} in {directory}")
+    meta = read_meta(path)
+    _check_tables(setup, meta, path)
+    _check_dense(setup, meta, path)
+    with ocp.StandardCheckpointer() as ckptr:  # closed on every path, a failed read too
+        dense, tables, slots = _read_all(ckptr, setup, meta, path)
     state = TrainState(
         step=jax.device_put(np.int32(meta["step"]), setup.replicated),
         dense_params=dense["params"],
