@@ -46,6 +46,17 @@ def test_segment_sum_ffi_matches_reference(rng, dtype, id_dtype, sort):
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (0, 2, 3)])
+def test_segment_sum_of_no_values_is_zeros(shape):
+    """Before: the wrapper's reshape(N, -1) raised ZeroDivisionError for N = 0."""
+    v = jnp.zeros(shape, jnp.float32)
+    seg = jnp.zeros((0,), jnp.int32)
+    for f in (ops.segment_sum, jax.jit(ops.segment_sum, static_argnums=2)):
+        got = f(v, seg, 4)
+        assert got.shape == (4, *shape[1:])
+        np.testing.assert_array_equal(np.asarray(got), 0.0)
+
+
 def test_segment_sum_ffi_is_really_used():
     hlo = (
         jax.jit(lambda v, s: ops.segment_sum(v, s, 4))

@@ -7,6 +7,8 @@ so importing `embark_jax.ops` stays cheap and never touches the native build.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -75,7 +77,7 @@ def _call(target: abi.Target, result_types, **kwargs):
 
 
 def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int) -> jax.Array:
-    values2 = values.reshape(values.shape[0], -1)
+    values2 = values.reshape(values.shape[0], math.prod(values.shape[1:]))  # N = 0 too
     # The CUDA kernel adds bfloat16 values into a float32 [S, D] workspace (segment_sum.cu).
     ws = 4 * num_segments * values2.shape[1] if values.dtype == jnp.bfloat16 else 1
     out, _ = _call(
