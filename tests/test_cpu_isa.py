@@ -121,6 +121,56 @@ def test_unsorted_segments_are_pooled_right_with_or_without_the_hint(sorted_hint
     _check(table, ids, seg, w, 600, "mean", sorted_hint=sorted_hint)
 
 
+def _chunk_starts(n_bags, threads):
+    """The first bag of each chunk but the first, as ParallelFor splits a lookup's bags
+    (embark_ffi.h: min(4 x threads, ceil(bags / 32)) chunks of ceil(bags / chunks) bags)."""
+    chunks = min(4 * threads, -(-n_bags // 32))
+    size = -(-n_bags // chunks)
+    return [c * size for c in range(1, chunks) if c * size < n_bags]
+
+
+def descents_missed(threads):
+    """Positions q where one descending pair (q - 1, q), next to a chunk's first position,
+    gives a wrong result with the sorted hint. Each chunk checks the pairs that end in its
+    own positions, so the pair that ends at a chunk's first position is only that chunk's."""
+    n, n_bags = 1000, 300
+    sorted_seg = (np.arange(n) * n_bags // n).astype(np.int32)
+    rng = np.random.default_rng(3)
+    table = jnp.asarray(rng.normal(size=(50, 16)).astype(np.float32))
+    ids = jnp.asarray(rng.integers(0, 50, n).astype(np.int32))
+    missed = []
+    for s0 in _chunk_starts(n_bags, threads):
+        p = s0 * n // n_bags  # the chunk's first position (RunPooled's split of the check)
+        for q in (p - 1, p, p + 1):
+            seg = sorted_seg.copy()
+            seg[q] = seg[q - 1] - 1  # the one descent
+            got = ops.lookup_pool(table, ids, jnp.asarray(seg), n_bags, indices_are_sorted=True)
+            want = reference.lookup_pool(table, ids, jnp.asarray(seg), n_bags)
+            if not np.allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5):
+                missed.append(q)
+    return missed
+
+
+def test_a_descent_at_a_chunk_boundary_is_found_with_the_hint():
+    """Found by a stranger test: a check that skipped each chunk's first pair passed every
+    other test. This one runs with this process's threads and, in a fresh process, with 4."""
+    assert native.cpu_threads() == 1 or _chunk_starts(300, native.cpu_threads())
+    assert descents_missed(native.cpu_threads()) == []
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = "from tests.test_cpu_isa import descents_missed; print(descents_missed(4))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBARK_CPU")}
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env | {"EMBARK_CPU_THREADS": "4"},
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-1] == "[]"
+
+
 def test_set_cpu_isa_refuses_unknown_names():
     with pytest.raises(ValueError, match="cpu isa must be"):
         native.set_cpu_isa("sse9")
