@@ -216,6 +216,30 @@ def test_modes_pick_points_ops_and_repeats(monkeypatch, tmp_path):
         kernels_main(["--quick", "--libs", "xla,torch", *out])
 
 
+def test_only_a_full_run_writes_results_kernels_json_by_default(monkeypatch, tmp_path):
+    """Before: `--quick` without --out replaced the committed full results (a stranger's find)."""
+    outs = []
+    monkeypatch.setattr(
+        bench, "run", lambda points, repeats, out, **kw: outs.append(out) or {"checks_ok": True}
+    )
+    monkeypatch.chdir(tmp_path)
+    for argv in (
+        [],
+        ["--quick"],
+        ["--ops", "forward"],
+        ["--libs", "embark,torch"],
+        ["--gpu-quick"],
+    ):
+        kernels_main(argv)
+    assert outs == [
+        "results/kernels.json",
+        "results/kernels_quick.json",
+        "results/kernels_partial.json",
+        "results/kernels_partial.json",
+        "results/kernels_partial.json",
+    ]
+
+
 def test_a_session_splits_into_its_ops():
     """backward_two_op is timed in backward_update's session (interleaved with the peers)."""
     times = {"embark": [1.0], "xla": [2.0], "embark@backward_two_op": [3.0]}

@@ -5,6 +5,10 @@
   python -m experiments.kernels.main --gpu-quick          # GPU check: forward + backward, 3 reps
   python -m experiments.kernels.main --ops forward --libs embark,torch --repeats 15
 
+Only a full run (every op, the 5 points) writes `results/kernels.json` unless `--out` says
+otherwise: a quick run writes `results/kernels_quick.json` and a run of some ops or libraries
+`results/kernels_partial.json`, so a smoke test never replaces the full results.
+
 torch is measured when installed (`pip install -e .[bench]`); without it its column is left
 out and the run still exits 0. Exit status 1 when a library's output disagrees with the
 reference's. The JSON schema is in `experiments/kernels/bench.py`.
@@ -17,11 +21,18 @@ from experiments.kernels import bench
 from experiments.kernels import points as P
 
 
+def default_out(quick: bool, partial: bool) -> str:
+    """Where a run writes without --out: only a full run replaces results/kernels.json."""
+    if quick:
+        return "results/kernels_quick.json"
+    return "results/kernels_partial.json" if partial else "results/kernels.json"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--out", default="results/kernels.json")
+    ap.add_argument("--out", default=None, help="the JSON (default: see above)")
     ap.add_argument("--repeats", type=int, default=7, help="timed repetitions per library")
     ap.add_argument("--reps-per-round", type=int, default=3, help="timed calls per turn")
     ap.add_argument(
@@ -50,6 +61,7 @@ def main(argv=None):
     if "embark" not in libs or set(libs) - set(bench.LIBS):
         ap.error(f"--libs: embark and any of {', '.join(bench.LIBS[1:])}")
     repeats = min(args.repeats, 3) if args.gpu_quick else args.repeats
+    args.out = args.out or default_out(args.quick, ops != P.OPS or set(libs) != set(bench.LIBS))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     result = bench.run(
         points,
