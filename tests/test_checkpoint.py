@@ -93,6 +93,21 @@ def test_round_trip_is_bit_exact(tmp_path):
     assert_same_state(a, b)
 
 
+def test_relative_directories_save_and_restore(tmp_path, monkeypatch):
+    """Before: Orbax refused them ("Checkpoint path should be absolute") and a failed save
+    left its temporary directory behind (a stranger's find)."""
+    ds = SyntheticDataset(CFG, batch_size=B, seed=1)
+    a = trainer(mixed_plan())
+    a.step(ds.batch(0))
+    monkeypatch.chdir(tmp_path)
+    path = a.save("ck")
+    assert path == str(tmp_path / "ck" / "step_00000001")
+    b = trainer(mixed_plan(), seed=7)
+    assert b.restore("ck")["path"] == path
+    assert_same_state(a, b)
+    assert sorted(os.listdir(tmp_path / "ck")) == ["step_00000001"]
+
+
 def test_restore_onto_4_devices_with_trw(tmp_path):
     """Saved from the planner's plan on 8 devices, restored onto TRW on 4: every row and
     every optimizer slot arrives bit-exact."""
@@ -174,6 +189,28 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     assert b.restore(str(tmp_path))["step"] == 1
     a.save(str(tmp_path))  # the next save cleans the interrupted one's leftovers
     assert sorted(os.listdir(tmp_path)) == ["step_00000001", "step_00000002"]
+
+
+def test_a_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
+    """An error while writing (not a kill) removes the half-written step at once."""
+    ds = SyntheticDataset(CFG, batch_size=B, seed=6)
+    a = trainer(mixed_plan())
+    a.step(ds.batch(0))
+    a.save(str(tmp_path))
+    a.step(ds.batch(1))
+    real, calls = ckpt.table_arrays, []
+
+    def failing(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(ckpt, "table_arrays", failing)
+    with pytest.raises(OSError, match="disk full"):
+        a.save(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["step_00000001"]
+    assert ckpt.latest_step(str(tmp_path)) == 1
 
 
 def test_restore_rejects_mismatched_tables(tmp_path):

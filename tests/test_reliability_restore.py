@@ -100,6 +100,38 @@ def test_slot_shape_mismatch_on_the_later_table(saved, tmp_path):
     still_steps(runner, state, ds, before)
 
 
+BAD_META = {  # field -> value written into meta.json, and the error's tail
+    "step-text": ("step", "three", r"step must be an integer >= 0, got 'three'"),
+    "step-null": ("step", None, r"step must be an integer >= 0, got None"),
+    "step-float": ("step", 3.7, r"step must be an integer >= 0, got 3.7"),
+    "step-negative": ("step", -4, r"step must be an integer >= 0, got -4"),
+    "step-bool": ("step", True, r"step must be an integer >= 0, got True"),
+    "step-other": ("step", 2, r"its meta.json says step 2, not 1"),
+    "position": ("data_position", "x", r"data_position must be an integer >= 0, got 'x'"),
+    "dense": ("dense", "x", r"dense must be an object, got 'x'"),
+    "plan-text": ("plan", "x", r"plan must be an object, got 'x'"),
+    "plan-empty": ("plan", {}, r"meta.json: plan: "),
+    "tables": ("tables", [], r"tables must be an object, got \[\]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_META))
+def test_a_hand_edited_meta_json_is_a_one_line_error(saved, tmp_path, case):
+    """Before: a bare int() or AttributeError, or (step 3.7, -4) a restore at that step."""
+    key, value, pattern = BAD_META[case]
+    runner, state, ds, d = saved
+    before = tables_of(runner, state)
+    d = copy_of(d, tmp_path)
+    path = os.path.join(d, "step_00000001", "meta.json")
+    meta = json.load(open(path))
+    meta[key] = value
+    json.dump(meta, open(path, "w"))
+    with pytest.raises(ValueError, match=pattern) as e:
+        ckpt.restore(d, runner.setup)
+    assert "\n" not in str(e.value)
+    still_steps(runner, state, ds, before)
+
+
 def test_one_damaged_table_keeps_the_live_state(saved, tmp_path):
     _, _, ds, d = saved
     d = copy_of(d, tmp_path)

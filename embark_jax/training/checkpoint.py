@@ -25,6 +25,7 @@ complete), so a failed restore leaves the live state usable.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import uuid
 from typing import Any
@@ -110,6 +111,7 @@ def save_async(
     """
     if jax.process_count() > 1:
         raise ValueError("asynchronous saves are single-process only; use save()")
+    directory = os.path.abspath(directory)  # as of the call, whatever the cwd is later
     step = int(state.step) if step is None else step
     snapshot = jax.block_until_ready(jax.tree.map(jnp.copy, state))
     box: dict = {}
@@ -161,6 +163,20 @@ def _table_meta(setup: TrainSetup, name: str, arrays: dict[str, Any], step: int)
     }
 
 
+def _write(setup: TrainSetup, state: TrainState, tmp: str, step: int) -> dict[str, dict]:
+    """Writes the dense tree and every table under `tmp`; returns the tables' metadata."""
+    lowered = setup.lowered
+    tables_meta = {}
+    with ocp.StandardCheckpointer() as ckptr:  # closed on every path, a failed write too
+        ckptr.save(os.path.join(tmp, "dense"), _dense_tree(state))
+        for tp in lowered.plan.tables:
+            arrays = table_arrays(lowered, tp.name, state.tables, state.slots)
+            ckptr.save(os.path.join(tmp, "tables", table_dirname(tp.name)), arrays)
+            ckptr.wait_until_finished()  # one table on the host at a time
+            tables_meta[tp.name] = _table_meta(setup, tp.name, arrays, step)
+    return tables_meta
+
+
 def save(
     directory: str,
     setup: TrainSetup,
@@ -172,7 +188,9 @@ def save(
 ) -> str:
     """Saves the whole training state; returns the checkpoint directory. Refuses (a
     `FloatingPointError`, nothing written) a state holding NaN or inf. Atomic, pruning and
-    leftovers: see `embark_jax.training.checkpoint_dir`."""
+    leftovers: see `embark_jax.training.checkpoint_dir`. A relative `directory` is taken
+    from the current directory (Orbax itself takes only absolute paths)."""
+    directory = os.path.abspath(directory)
     step = int(state.step) if step is None else step
     if not bool(all_finite(_dense_tree(state), state.tables, state.slots)):
         raise FloatingPointError(f"refusing to save step {step}: the state holds NaN or inf")
@@ -180,14 +198,15 @@ def save(
     tag = multihost_utils.broadcast_one_to_all(np.int64(uuid.uuid4().int % (1 << 62)))
     tmp = f"{final}.tmp-{int(tag):x}"
     lowered = setup.lowered
-    tables_meta = {}
-    with ocp.StandardCheckpointer() as ckptr:  # closed on every path, a failed write too
-        ckptr.save(os.path.join(tmp, "dense"), _dense_tree(state))
-        for tp in lowered.plan.tables:
-            arrays = table_arrays(lowered, tp.name, state.tables, state.slots)
-            ckptr.save(os.path.join(tmp, "tables", table_dirname(tp.name)), arrays)
-            ckptr.wait_until_finished()  # one table on the host at a time
-            tables_meta[tp.name] = _table_meta(setup, tp.name, arrays, step)
+    try:
+        tables_meta = _write(setup, state, tmp, step)
+    except Exception:
+        # A failed write leaves nothing behind. A process killed (or interrupted) leaves its
+        # temporary directory, as does any failure with several processes, which may still
+        # be writing there: the next save removes such leftovers (checkpoint_dir).
+        if jax.process_count() == 1:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if jax.process_index() == 0:
         meta = {
             "format": FORMAT,
@@ -305,12 +324,19 @@ def restore(
     caller holds is changed, so a failure leaves the live state usable. Every mismatch
     (tables, shapes, dtypes, optimizers, dense parameters, a table directory that is not
     the one this checkpoint recorded) is a `ValueError` naming the table or parameter."""
+    directory = os.path.abspath(directory)  # Orbax takes only absolute paths
     step = latest_step(directory) if step is None else step
     path = None if step is None else resolve(directory, step)
     if path is None:
         what = "no complete checkpoint" if step is None else f"no complete checkpoint {step}"
         raise FileNotFoundError(f"{what} in {directory}")
     meta = read_meta(path)
+    if meta["step"] != step:
+        raise ValueError(f"checkpoint {path}: its meta.json says step {meta['step']}, not {step}")
+    try:
+        plan = Plan.from_dict(meta["plan"])
+    except ValueError as e:  # PlanError included
+        raise ValueError(f"checkpoint metadata {path}/meta.json: plan: {e}") from None
     _check_tables(setup, meta, path)
     _check_dense(setup, meta, path)
     with ocp.StandardCheckpointer() as ckptr:  # closed on every path, a failed read too
@@ -324,7 +350,8 @@ def restore(
         rng=dense["rng"],
     )
     meta["path"] = path
-    meta["plan"] = Plan.from_dict(meta["plan"])
+    meta["plan"] = plan
+    meta.setdefault("data_position", meta["step"])
     return state, meta
 
 

@@ -98,13 +98,24 @@ def field(obj: dict[str, Any], key: str, where: str) -> Any:
 
 
 def read_meta(path: str) -> dict[str, Any]:
-    """The meta.json of the checkpoint at `path`, checked for the fields a restore needs."""
+    """The meta.json of the checkpoint at `path`, checked for the fields a restore needs and
+    their types (a hand-edited file gets a one-line error naming the field, not a crash)."""
     file = os.path.join(path, "meta.json")
     meta = read_json(file)
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}: unsupported checkpoint format {meta.get('format')!r}")
     for key in ("step", "plan", "tables"):
         field(meta, key, file)
+    for key in ("step", "data_position"):  # data_position may be absent: restore uses step
+        value = meta.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(
+                f"checkpoint metadata {file}: {key} must be an integer >= 0, got {value!r}"
+            )
+    for key in ("plan", "tables", "dense"):  # dense may be absent (checkpoints before it)
+        value = meta.get(key, {})
+        if not isinstance(value, dict):
+            raise ValueError(f"checkpoint metadata {file}: {key} must be an object, got {value!r}")
     return meta
 
 
