@@ -132,6 +132,36 @@ def test_a_hand_edited_meta_json_is_a_one_line_error(saved, tmp_path, case):
     still_steps(runner, state, ds, before)
 
 
+def _unreadable_table_b(saved, tmp_path):
+    runner, state, ds, d = saved
+    d = copy_of(d, tmp_path)
+    return runner, state, ds, d, os.path.join(d, "step_00000001", "tables", "b")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a mode-000 directory anyway")
+def test_an_unreadable_table_directory_says_permission_denied(saved, tmp_path):
+    """Before: Orbax's 'Metadata file (named _METADATA) does not exist'."""
+    runner, state, ds, d, table_dir = _unreadable_table_b(saved, tmp_path)
+    before = tables_of(runner, state)
+    os.chmod(table_dir, 0)
+    try:
+        with pytest.raises(ValueError, match=r"cannot read table 'b' .*: permission denied"):
+            ckpt.restore(d, runner.setup)
+    finally:
+        os.chmod(table_dir, 0o755)
+    still_steps(runner, state, ds, before)
+
+
+def test_the_permission_check_names_the_table(saved, tmp_path, monkeypatch):
+    """The same path where the tests run as root (which may read anything): os.access is
+    made to refuse table 'b''s directory."""
+    runner, _, _, d, table_dir = _unreadable_table_b(saved, tmp_path)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m: real(p, m) and p != table_dir)
+    with pytest.raises(ValueError, match=r"cannot read table 'b' .*: permission denied on "):
+        ckpt.restore(d, runner.setup)
+
+
 def test_one_damaged_table_keeps_the_live_state(saved, tmp_path):
     _, _, ds, d = saved
     d = copy_of(d, tmp_path)

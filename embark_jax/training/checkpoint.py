@@ -266,8 +266,11 @@ def _check_dense(setup: TrainSetup, meta: dict, path: str) -> None:
             )
 
 
-def _read(what: str, fn):
-    """`fn()`, with any failure re-raised as one line naming what was being read."""
+def _read(what: str, fn, directory: str):
+    """`fn()`, with any failure re-raised as one line naming what was being read. A
+    directory we may not read says so (Orbax would report its metadata file missing)."""
+    if os.path.isdir(directory) and not os.access(directory, os.R_OK | os.X_OK):
+        raise ValueError(f"cannot read {what}: permission denied on {directory}")
     try:
         return fn()
     except Exception as e:
@@ -298,13 +301,13 @@ def _read_all(ckptr, setup: TrainSetup, meta: dict, path: str) -> tuple[Any, dic
     """The dense tree and new table and slot buffers read from checkpoint `path`."""
     lowered = setup.lowered
     dense_dir = os.path.join(path, "dense")
-    dense = _read(dense_dir, lambda: ckptr.restore(dense_dir, setup.dense_template))
+    dense = _read(dense_dir, lambda: ckptr.restore(dense_dir, setup.dense_template), dense_dir)
     tables = _empty_tables(setup)
     slots = init_slots(setup, tables)
     for tp in lowered.plan.tables:
         saved = meta["tables"][tp.name]
         d = _table_dir(path, tp.name, saved)
-        arrays = _read(f"table {tp.name!r} ({d})", lambda d=d: ckptr.restore(d))
+        arrays = _read(f"table {tp.name!r} ({d})", lambda d=d: ckptr.restore(d), d)
         if "fingerprint" in saved and fingerprint(arrays) != saved["fingerprint"]:
             raise ValueError(
                 f"table {tp.name!r}: {d} does not match the fingerprint recorded for step "
