@@ -184,6 +184,26 @@ def test_unique_matches_numpy_and_reports_overflow(rng, id64, capacity):
         assert (overflow > 0) == (capacity == 4)
 
 
+@pytest.mark.parametrize(
+    "kind", ["range-2M", "wide-first", "wide-last", "wide-only"]
+)  # two radix passes; ids >= 2**32 (the unpacked sort) seen first, last, or alone
+def test_unique_of_large_and_wide_ids_matches_numpy(rng, kind):
+    wide = kind.startswith("wide")
+    with x64(wide):
+        ids = rng.integers(-1, 2_000_000, size=5000).astype(np.int64 if wide else np.int32)
+        big = rng.integers(2**32, 2**40, size=40)
+        if kind == "wide-first":
+            ids[:40] = big
+        elif kind == "wide-last":
+            ids[-40:] = big
+        elif kind == "wide-only":
+            ids = np.concatenate([big, big[:7], [-1]]).astype(np.int64)
+        got = jax.jit(functools.partial(ops.unique, capacity=6000))(jnp.asarray(ids))
+        want = numpy_ref.unique(ids, 6000)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(np.asarray(g), w)
+
+
 @pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: type(o).__name__)
 @pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
 def test_sparse_update_matches_reference(rng, opt, table_dtype):
