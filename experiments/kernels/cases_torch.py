@@ -2,7 +2,8 @@
 
 torch gets the same int32 ids as ours, with int32 bag offsets (`arange(0, B*L, L)`). Before,
 it got them as int64 (torch's default index type), which was slower for it: `torch.unique`
-1.2-1.5x on the large shapes, the float32 forward 5-10% (measured here).
+1.2-1.5x on the large shapes, the float32 forward 5-10% (measured here). Each peer gets the
+index type it is fastest with: `index_add_` keeps int64 segment ids (3-4x slower with int32).
 
 - forward: `F.embedding_bag(ids, w, offsets, mode="sum")`; bf16: the same on a bf16 table.
 - backward_update: `nn.EmbeddingBag(sparse=True)` (from the same table) with
@@ -115,8 +116,9 @@ class TorchCases:
     def _segment_sum(self) -> dict[str, Case]:
         p = self.d.point
         values = torch.from_numpy(self.d.values).to(self.dev)
-        seg = torch.from_numpy(self.d.seg).to(self.dev)  # int32, as ours
-        lengths = torch.full((p.batch,), p.hotness, dtype=torch.int32, device=self.dev)
+        # int64 here: index_add_ with int32 segment ids was 3-4x slower (measured here)
+        seg = torch.from_numpy(self.d.seg.astype(np.int64)).to(self.dev)
+        lengths = torch.full((p.batch,), p.hotness, dtype=torch.int64, device=self.dev)
         out, box = torch.empty((p.batch, p.dim), device=self.dev), Box()
 
         def index_add():
