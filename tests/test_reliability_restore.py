@@ -5,6 +5,8 @@
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -101,17 +103,19 @@ def test_slot_shape_mismatch_on_the_later_table(saved, tmp_path):
 
 
 BAD_META = {  # field -> value written into meta.json, and the error's tail
-    "step-text": ("step", "three", r"step must be an integer >= 0, got 'three'"),
-    "step-null": ("step", None, r"step must be an integer >= 0, got None"),
-    "step-float": ("step", 3.7, r"step must be an integer >= 0, got 3.7"),
-    "step-negative": ("step", -4, r"step must be an integer >= 0, got -4"),
-    "step-bool": ("step", True, r"step must be an integer >= 0, got True"),
+    "step-text": ("step", "three", r"step must be an integer in \[0, 2147483647\], got 'three'"),
+    "step-null": ("step", None, r"step must be an integer in \[0, 2147483647\], got None"),
+    "step-float": ("step", 3.7, r"step must be an integer in \[0, 2147483647\], got 3.7"),
+    "step-negative": ("step", -4, r"step must be an integer in \[0, 2147483647\], got -4"),
+    "step-bool": ("step", True, r"step must be an integer in \[0, 2147483647\], got True"),
     "step-other": ("step", 2, r"its meta.json says step 2, not 1"),
-    "position": ("data_position", "x", r"data_position must be an integer >= 0, got 'x'"),
+    "position": ("data_position", "x", r"data_position must be an integer in \[0, \d+\], got 'x'"),
     "dense": ("dense", "x", r"dense must be an object, got 'x'"),
     "plan-text": ("plan", "x", r"plan must be an object, got 'x'"),
     "plan-empty": ("plan", {}, r"meta.json: plan: "),
     "tables": ("tables", [], r"tables must be an object, got \[\]"),
+    "step-int32": ("step", 2**31, r"step must be an integer in \[0, 2147483647\], got 2147483648"),
+    "table-dir": ("tables", "dir", r"table 'a': its dir in .* must be a string, got None"),
 }
 
 
@@ -124,7 +128,10 @@ def test_a_hand_edited_meta_json_is_a_one_line_error(saved, tmp_path, case):
     d = copy_of(d, tmp_path)
     path = os.path.join(d, "step_00000001", "meta.json")
     meta = json.load(open(path))
-    meta[key] = value
+    if case == "table-dir":
+        meta["tables"]["a"]["dir"] = None
+    else:
+        meta[key] = value
     json.dump(meta, open(path, "w"))
     with pytest.raises(ValueError, match=pattern) as e:
         ckpt.restore(d, runner.setup)
@@ -160,6 +167,47 @@ def test_the_permission_check_names_the_table(saved, tmp_path, monkeypatch):
     monkeypatch.setattr(os, "access", lambda p, m: real(p, m) and p != table_dir)
     with pytest.raises(ValueError, match=r"cannot read table 'b' .*: permission denied on "):
         ckpt.restore(d, runner.setup)
+
+
+def test_a_meta_json_that_is_not_utf8_names_the_file(saved, tmp_path):
+    runner, _, _, d = saved
+    d = copy_of(d, tmp_path)
+    with open(os.path.join(d, "step_00000001", "meta.json"), "wb") as f:
+        f.write(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match=r"meta.json is not valid JSON"):
+        ckpt.restore(d, runner.setup)
+
+
+_SAVE_INTO_A_FILE = """
+import os, sys, tempfile
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+from embark_jax.ops import optimizers as O
+from embark_jax.training import checkpoint as ckpt
+from tests.test_reliability import tiny
+runner, state, _ = tiny(O.Adagrad(learning_rate=0.1))
+path = os.path.join(tempfile.mkdtemp(), "afile")
+open(path, "w").write("x")
+try:
+    ckpt.save(path, runner.setup, state)
+except OSError as e:
+    print("refused:", type(e).__name__)
+"""
+
+
+def test_a_save_into_a_file_fails_at_once_and_the_process_exits(tmp_path):
+    """Before: the save failed inside Orbax, whose threads then kept the process alive ~5 min
+    at exit waiting for the directory (a stranger's find)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run(
+        [sys.executable, "-c", _SAVE_INTO_A_FILE],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[:1] == ["refused:"], r.stdout
 
 
 def test_one_damaged_table_keeps_the_live_state(saved, tmp_path):

@@ -163,6 +163,19 @@ def _table_meta(setup: TrainSetup, name: str, arrays: dict[str, Any], step: int)
     }
 
 
+MAX_STEP = 2**31 - 1  # the state's step is int32
+MAX_POSITION = 2**63 - 1
+
+
+def _count(name: str, value, limit: int) -> int:
+    """`value` as an int in [0, limit] (numpy integers too), else a one-line ValueError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"checkpoint save: {name} must be an integer, got {value!r}")
+    if not 0 <= int(value) <= limit:
+        raise ValueError(f"checkpoint save: {name} must be in [0, {limit}], got {int(value)}")
+    return int(value)
+
+
 def _write(setup: TrainSetup, state: TrainState, tmp: str, step: int) -> dict[str, dict]:
     """Writes the dense tree and every table under `tmp`; returns the tables' metadata."""
     lowered = setup.lowered
@@ -191,7 +204,9 @@ def save(
     leftovers: see `embark_jax.training.checkpoint_dir`. A relative `directory` is taken
     from the current directory (Orbax itself takes only absolute paths)."""
     directory = os.path.abspath(directory)
-    step = int(state.step) if step is None else step
+    step = _count("step", int(state.step) if step is None else step, MAX_STEP)
+    data_position = step if data_position is None else data_position
+    data_position = _count("data_position", data_position, MAX_POSITION)
     if not bool(all_finite(_dense_tree(state), state.tables, state.slots)):
         raise FloatingPointError(f"refusing to save step {step}: the state holds NaN or inf")
     final = step_dir(directory, step)
@@ -199,24 +214,27 @@ def save(
     tmp = f"{final}.tmp-{int(tag):x}"
     lowered = setup.lowered
     try:
+        # Created here first, so that a directory that cannot be made fails before Orbax
+        # starts its threads (which then waited ~5 min at exit for a directory that never came).
+        os.makedirs(tmp, exist_ok=True)
         tables_meta = _write(setup, state, tmp, step)
+        if jax.process_index() == 0:
+            meta = {
+                "format": FORMAT,
+                "step": step,
+                "data_position": data_position,
+                "plan": lowered.plan.to_dict(),
+                "dense": _dense_spec(_dense_tree(state)),
+                "tables": tables_meta,
+            }
+            commit(directory, tmp, final, meta, max_to_keep)
     except Exception:
-        # A failed write leaves nothing behind. A process killed (or interrupted) leaves its
+        # A failed save leaves nothing behind. A process killed (or interrupted) leaves its
         # temporary directory, as does any failure with several processes, which may still
         # be writing there: the next save removes such leftovers (checkpoint_dir).
         if jax.process_count() == 1:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if jax.process_index() == 0:
-        meta = {
-            "format": FORMAT,
-            "step": step,
-            "data_position": step if data_position is None else data_position,
-            "plan": lowered.plan.to_dict(),
-            "dense": _dense_spec(_dense_tree(state)),
-            "tables": tables_meta,
-        }
-        commit(directory, tmp, final, meta, max_to_keep)
     multihost_utils.sync_global_devices(f"embark-ckpt-save-{step}")
     return final
 
@@ -280,6 +298,8 @@ def _read(what: str, fn, directory: str):
 
 def _table_dir(path: str, name: str, saved: dict) -> str:
     d = saved.get("dir", name)  # checkpoints before encoded names used the name itself
+    if not isinstance(d, str):
+        raise ValueError(f"table {name!r}: its dir in {path}/meta.json must be a string, got {d!r}")
     if d != table_dirname(name) and (d in ("", ".", "..") or "/" in d or os.sep in d):
         raise ValueError(f"table {name!r}: unsafe directory {d!r} in {path}/meta.json")
     return os.path.join(path, "tables", d)

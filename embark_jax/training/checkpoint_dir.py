@@ -83,8 +83,11 @@ def read_json(path: str) -> dict[str, Any]:
     try:
         with open(path) as fh:
             data = json.load(fh)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"checkpoint file {path} is not valid JSON (truncated?): {e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise ValueError(
+            f"checkpoint file {path} is not valid JSON (truncated?): {first}"
+        ) from None
     if not isinstance(data, dict):
         raise ValueError(f"checkpoint file {path} does not hold a JSON object")
     return data
@@ -106,11 +109,12 @@ def read_meta(path: str) -> dict[str, Any]:
         raise ValueError(f"{path}: unsupported checkpoint format {meta.get('format')!r}")
     for key in ("step", "plan", "tables"):
         field(meta, key, file)
-    for key in ("step", "data_position"):  # data_position may be absent: restore uses step
-        value = meta.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    for key, limit in (("step", 2**31 - 1), ("data_position", 2**63 - 1)):  # the state's step is
+        value = meta.get(key, 0)  # int32; data_position may be absent (restore uses step)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
             raise ValueError(
-                f"checkpoint metadata {file}: {key} must be an integer >= 0, got {value!r}"
+                f"checkpoint metadata {file}: {key} must be an integer in [0, {limit}], "
+                f"got {value!r}"
             )
     for key in ("plan", "tables", "dense"):  # dense may be absent (checkpoints before it)
         value = meta.get(key, {})
