@@ -114,6 +114,16 @@ def test_unique_empty_and_all_padding():
     assert int(n) == 0 and int(c.sum()) == 0
 
 
+def test_unique_keeps_the_largest_id_of_the_dtype():
+    """Before: iinfo.max was the padding sentinel, so that id was dropped (the kernels keep
+    it; a stranger's find)."""
+    ids = np.array([2**31 - 1, -1, 3, 2**31 - 1, -5, 0], np.int32)
+    got = reference.unique(jnp.asarray(ids), 4)
+    for g, w in zip(got, numpy_ref.unique(ids, 4), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), w)
+    assert np.asarray(got[0]).tolist() == [0, 3, 2**31 - 1, -1]
+
+
 def test_segment_sum_matches_numpy_and_drops_out_of_range(rng):
     v = rng.normal(size=(30, 4)).astype(np.float32)
     seg = rng.integers(-2, 9, size=30)

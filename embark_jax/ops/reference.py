@@ -110,11 +110,13 @@ def unique(ids: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array, jax.Arr
     """
     ids = jnp.asarray(ids)
     n = ids.shape[0]
-    big = jnp.iinfo(ids.dtype).max
-    key = jnp.where(ids >= 0, ids, big)
-    order = jnp.argsort(key, stable=True)
+    valid = ids >= 0
+    key = jnp.where(valid, ids, 0)
+    # Padding last whatever the valid ids are (the dtype's largest value is an id too: a
+    # sentinel key of iinfo.max dropped it); stable, so equal ids keep their order.
+    order = jnp.lexsort((key, ~valid))
     sorted_ids = key[order]
-    valid_sorted = sorted_ids != big
+    valid_sorted = valid[order]
     is_new = (
         jnp.concatenate([jnp.ones((1,), bool), sorted_ids[1:] != sorted_ids[:-1]])
         if n
