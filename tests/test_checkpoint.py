@@ -204,6 +204,34 @@ def test_a_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
     assert ckpt.latest_step(str(tmp_path)) == 1
 
 
+@pytest.mark.parametrize(
+    "kw, pattern",
+    [
+        ({"step": -1}, r"step must be in \[0, 2147483647\], got -1"),
+        ({"step": 2**31}, r"step must be in \[0, 2147483647\], got 2147483648"),
+        ({"step": True}, r"step must be an integer, got True"),
+        ({"data_position": 1.5}, r"data_position must be an integer, got 1.5"),
+        ({"data_position": -1}, r"data_position must be in \[0, \d+\], got -1"),
+    ],
+)
+def test_save_refuses_what_restore_would_refuse(tmp_path, kw, pattern):
+    """Before: these saved, and the restore failed (or step -1 was never found)."""
+    a = trainer(mixed_plan())
+    with pytest.raises(ValueError, match=pattern):
+        a.save(str(tmp_path), **kw)
+    assert os.listdir(tmp_path) == []
+
+
+def test_numpy_integers_are_saved_as_integers(tmp_path):
+    """Before: `data_position=np.int64(3)` failed in json.dump and left the temporary dir."""
+    a = trainer(mixed_plan())
+    a.save(str(tmp_path), step=np.int64(4), data_position=np.int32(3))
+    assert sorted(os.listdir(tmp_path)) == ["step_00000004"]
+    b = trainer(mixed_plan(), seed=7)
+    meta = b.restore(str(tmp_path))
+    assert (meta["step"], meta["data_position"]) == (4, 3)
+
+
 def test_restore_rejects_mismatched_tables(tmp_path):
     a = trainer(mixed_plan())
     a.save(str(tmp_path))
