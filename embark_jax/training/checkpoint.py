@@ -39,6 +39,8 @@ from jax.experimental import multihost_utils
 from embark_jax.core.plan import Plan
 from embark_jax.training.checkpoint_dir import (
     FORMAT,
+    MAX_POSITION,
+    MAX_STEP,
     check_writable,
     commit,
     field,
@@ -161,10 +163,6 @@ def _table_meta(setup: TrainSetup, name: str, arrays: dict[str, Any], step: int)
         "step": step,
         "fingerprint": fingerprint(arrays),
     }
-
-
-MAX_STEP = 2**31 - 1  # the state's step is int32
-MAX_POSITION = 2**63 - 1
 
 
 def _count(name: str, value, limit: int) -> int:

@@ -100,6 +100,10 @@ def field(obj: dict[str, Any], key: str, where: str) -> Any:
     return obj[key]
 
 
+MAX_STEP = 2**31 - 1  # the state's step is int32; save and restore both hold to these
+MAX_POSITION = 2**63 - 1
+
+
 def read_meta(path: str) -> dict[str, Any]:
     """The meta.json of the checkpoint at `path`, checked for the fields a restore needs and
     their types (a hand-edited file gets a one-line error naming the field, not a crash)."""
@@ -109,8 +113,8 @@ def read_meta(path: str) -> dict[str, Any]:
         raise ValueError(f"{path}: unsupported checkpoint format {meta.get('format')!r}")
     for key in ("step", "plan", "tables"):
         field(meta, key, file)
-    for key, limit in (("step", 2**31 - 1), ("data_position", 2**63 - 1)):  # the state's step is
-        value = meta.get(key, 0)  # int32; data_position may be absent (restore uses step)
+    for key, limit in (("step", MAX_STEP), ("data_position", MAX_POSITION)):
+        value = meta.get(key, 0)  # data_position may be absent (restore uses step)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
             raise ValueError(
                 f"checkpoint metadata {file}: {key} must be an integer in [0, {limit}], "
