@@ -154,6 +154,40 @@ def test_host_int64_ids_beyond_int32_are_refused_not_wrapped():
     )
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.uint8, np.uint16])
+def test_narrow_integer_ids_are_widened_to_int32(dtype):
+    """The kernels take int32/int64; narrower ids give the int32 result on every id op."""
+    t = jnp.arange(40.0).reshape(10, 4)
+    ids, seg = np.array([1, 9, 3, 9, 1], dtype), np.array([0, 0, 1, 1, 2], dtype)
+    i32, s32 = ids.astype(np.int32), seg.astype(np.int32)
+    for host in (True, False):
+        i, s = (ids, seg) if host else (jnp.asarray(ids), jnp.asarray(seg))
+        np.testing.assert_array_equal(ops.lookup_pool(t, i, s, 3), ops.lookup_pool(t, i32, s32, 3))
+        got, want = ops.unique(i, 4), ops.unique(i32, 4)
+        assert got[0].dtype == jnp.int32
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(ops.segment_sum(t[:5], s, 3), ops.segment_sum(t[:5], s32, 3))
+
+
+def test_unsigned_ids_that_would_wrap_are_refused():
+    """uint32 on the device has no exact int32 form without 64-bit types: refused by name."""
+    if jax.config.jax_enable_x64:
+        pytest.skip("64-bit types on: uint32 ids widen to int64")
+    t, seg = jnp.ones((10, 4)), jnp.asarray([0, 0, 1, 1], jnp.int32)
+    ids = jnp.asarray([1, 2, 3, 9], jnp.uint32)
+    with pytest.raises(ValueError, match="lookup_pool: ids: uint32 ids would wrap"):
+        ops.lookup_pool(t, ids, seg, 2)
+    with pytest.raises(ValueError, match="segment_sum: segment_ids: uint32 ids would wrap"):
+        ops.segment_sum(t[:4], ids, 2)
+    with pytest.raises(ValueError, match="unique: ids: uint32 ids would wrap"):
+        ops.unique(ids, 4)
+    host = np.array([1, 2, 3, 9], np.uint32)  # host values that fit int32: converted by value
+    np.testing.assert_array_equal(ops.lookup_pool(t, host, seg, 2), np.full((2, 4), 2.0))
+    with pytest.raises(ValueError, match="lookup_pool: ids: id 2147483648 is outside int32"):
+        ops.lookup_pool(t, np.array([1, 2**31, 3, 9], np.uint32), seg, 2)
+
+
 def test_a_padding_id_reads_no_row_in_the_reference():
     """Row 0 holding inf must not leak into a bag through a padding id (0 * inf = NaN)."""
     t = jnp.asarray([[np.inf, 1.0], [2.0, 3.0]], jnp.float32)

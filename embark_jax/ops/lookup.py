@@ -53,7 +53,8 @@ def lookup_pool(
     Arguments:
       table: `[V, D]` float32 or bfloat16 (the kernels; other float types, e.g. float16 or
         float64, run on the `jnp` reference).
-      ids: `[N]` int32/int64; ids outside `[0, V)` are padding.
+      ids: `[N]` int32/int64 (narrower integer types are widened: `ops._ids`); ids outside
+        `[0, V)` are padding.
       segment_ids: `[N]` bag of each id (sorted ascending is fastest); ignored for `none`.
       num_segments: number of bags S (an int >= 0).
       weights: optional `[N]` per-id weights.
