@@ -108,6 +108,21 @@ def test_relative_directories_save_and_restore(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path / "ck")) == ["step_00000001"]
 
 
+def test_files_where_checkpoints_go_are_replaced_and_cleaned(tmp_path):
+    """A plain file at step_N, or left under a leftover's name, is removed by the next
+    commit. Before: rmtree failed on it silently and it stayed as step_N.old-* forever."""
+    a = trainer(mixed_plan())
+    d = tmp_path / "ck"
+    d.mkdir()
+    for name in ("step_00000001", "step_00000003.old-x", "step_00000004.tmp-y", "step_5.del-z"):
+        (d / name).write_text("not a checkpoint")
+    path = a.save(str(d), step=1)
+    assert sorted(os.listdir(d)) == ["step_00000001"]
+    b = trainer(mixed_plan(), seed=7)
+    assert b.restore(str(d))["path"] == path
+    assert_same_state(a, b)
+
+
 def test_restore_onto_4_devices_with_trw(tmp_path):
     """Saved from the planner's plan on 8 devices, restored onto TRW on 4: every row and
     every optimizer slot arrives bit-exact."""

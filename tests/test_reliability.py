@@ -257,6 +257,8 @@ def test_unwritable_checkpoint_dir_fails_before_training(tmp_path, model):
         ckpt.check_writable(bad)
     with pytest.raises(PermissionError, match="not writable"):
         ckpt.CheckpointEvery(bad, runner, every=1, last_step=1)
+    with pytest.raises(PermissionError, match=r"file.* exists and is not a directory"):
+        ckpt.check_writable(str(tmp_path / "file"))  # before: "File exists"
     ckpt.check_writable(str(tmp_path / "new" / "ck"))  # created, probe removed
     assert os.listdir(tmp_path / "new" / "ck") == []
 

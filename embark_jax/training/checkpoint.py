@@ -261,6 +261,11 @@ def _check_tables(setup: TrainSetup, meta: dict, path: str) -> None:
                 f"table {name!r}: checkpoint dtype {saved['dtype']}, configured {want} "
                 "(not converted; restore into a model with the same table dtype)"
             )
+        if saved.get("step", meta["step"]) != meta["step"]:  # absent in no checkpoint we wrote
+            raise ValueError(
+                f"table {name!r}: {where} records step {saved['step']!r}, the checkpoint "
+                f"{meta['step']} (copied from another checkpoint?)"
+            )
         opt = _optimizer_name(setup, name)
         if field(saved, "optimizer", where) != opt:
             raise ValueError(

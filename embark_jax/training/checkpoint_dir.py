@@ -65,6 +65,10 @@ def check_writable(directory: str) -> None:
     """Creates `directory` if needed and writes and removes a probe file in it; raises
     `PermissionError` (one line, naming the directory) when checkpoints cannot be saved
     there. Call it before training starts (`CheckpointEvery` does at construction)."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise PermissionError(
+            f"checkpoint directory {directory!r} is not writable: it exists and is not a directory"
+        )
     probe = os.path.join(directory, f".write-probe-{uuid.uuid4().hex}")
     try:
         os.makedirs(directory, exist_ok=True)
@@ -134,7 +138,7 @@ def _sequence(path: str) -> int:
         seq = read_json(os.path.join(path, "meta.json")).get("sequence", -1)
     except (OSError, ValueError):
         return -1
-    return seq if isinstance(seq, int) else -1
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 else -1
 
 
 def _complete(directory: str) -> dict[int, str]:
@@ -174,11 +178,23 @@ def resolve(directory: str, step: int) -> str | None:
     return _complete(directory).get(step)
 
 
+def _delete(path: str) -> None:
+    """Removes a directory tree, or a file (or link) found where one was expected; errors
+    are ignored (the next commit tries again)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
 def _remove(path: str, tag: str) -> None:
     """Deletes a directory atomically as far as readers go: renamed first, then removed."""
     gone = f"{path}.del-{tag}"
     os.replace(path, gone)
-    shutil.rmtree(gone, ignore_errors=True)
+    _delete(gone)
 
 
 def _clean_leftovers(directory: str, keep: str) -> None:
@@ -189,15 +205,17 @@ def _clean_leftovers(directory: str, keep: str) -> None:
             continue
         base, _, suffix = n.partition(".")
         if suffix.startswith(("tmp-", "del-")):
-            shutil.rmtree(path, ignore_errors=True)
+            _delete(path)
         elif suffix.startswith("old-"):
             final = os.path.join(directory, base)
             if os.path.exists(os.path.join(final, "meta.json")):
-                shutil.rmtree(path, ignore_errors=True)
+                _delete(path)
             elif os.path.exists(os.path.join(path, "meta.json")):
-                if os.path.exists(final):  # an incomplete step_N: the old one wins
-                    shutil.rmtree(final, ignore_errors=True)
+                if os.path.lexists(final):  # an incomplete step_N: the old one wins
+                    _delete(final)
                 os.replace(path, final)
+            else:  # not a checkpoint (a file, or an incomplete directory) and nothing newer
+                _delete(path)
 
 
 def commit(directory: str, tmp: str, final: str, meta: dict, max_to_keep: int | None) -> None:
@@ -212,11 +230,11 @@ def commit(directory: str, tmp: str, final: str, meta: dict, max_to_keep: int | 
         os.fsync(fh.fileno())
     tag = uuid.uuid4().hex[:12]
     aside = f"{final}.old-{tag}"
-    if os.path.exists(final):
+    if os.path.lexists(final):
         os.replace(final, aside)  # still complete, and still found, under its .old- name
     os.replace(tmp, final)  # the new checkpoint exists only once complete
-    if os.path.exists(aside):
-        shutil.rmtree(aside, ignore_errors=True)
+    if os.path.lexists(aside):
+        _delete(aside)
     if max_to_keep:
         order = [p for p in _by_commit_order(directory) if p[1] != final] + [(0, final)]
         for _, path in order[:-max_to_keep]:
