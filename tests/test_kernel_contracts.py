@@ -8,12 +8,15 @@ CPU here, the GPU under experiments/gpu_check.sh):
   4-wide loads from D);
 - bfloat16 sums are added in float32 and rounded once (segment_sum, pooling)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from embark_jax import ops
+from embark_jax.ops import optimizers as O
 from tests import numpy_ref
 from tests.test_kernels import x64
 
@@ -186,6 +189,92 @@ def test_unsigned_ids_that_would_wrap_are_refused():
     np.testing.assert_array_equal(ops.lookup_pool(t, host, seg, 2), np.full((2, 4), 2.0))
     with pytest.raises(ValueError, match="lookup_pool: ids: id 2147483648 is outside int32"):
         ops.lookup_pool(t, np.array([1, 2**31, 3, 9], np.uint32), seg, 2)
+
+
+def _sgd_update(ids, seg, backend=None):
+    opt = O.SGD(learning_rate=1.0)
+    t = jnp.zeros((4, 2))
+    g = jnp.ones((2, 2))
+    return ops.lookup_pool_backward_update(
+        t, opt.init(t), g, ids, seg, optimizer=opt, backend=backend
+    )
+
+
+@pytest.mark.parametrize("backend", ["ffi", "reference"])
+def test_every_op_checks_ids_and_segment_ids_by_name(backend):
+    """One rule for both id arrays of every op. Before: the fused update took bool and 2-D
+    ids (and updated rows), 2-D or bool segment ids passed some ops, and float ones failed
+    in the kernel, named by its target, or inside jnp."""
+    g, i3, s3 = jnp.ones((2, 2)), np.array([0, 1, 2]), np.array([0, 0, 1])
+    cases = {
+        "lookup_pool_backward_update: ids must be integers, got bool": lambda: _sgd_update(
+            np.array([True, False, True]), s3, backend
+        ),
+        "lookup_pool_backward_update: ids: expected a 1-D array": lambda: _sgd_update(
+            np.array([[0, 1], [2, 3]]), np.array([[0, 0], [1, 1]]), backend
+        ),
+        "lookup_pool_backward_update: ids must be integers, got float64": lambda: _sgd_update(
+            i3.astype(np.float64), s3, backend
+        ),
+        "lookup_pool_backward_update: segment_ids: expected a 1-D array of 3 ids": (
+            lambda: _sgd_update(i3, s3[:2], backend)
+        ),
+        "lookup_pool_backward: segment_ids: expected a 1-D array of 4 ids": (
+            lambda: ops.lookup_pool_backward(
+                g, np.arange(4), np.array([[0, 0], [1, 1]]), capacity=4, backend=backend
+            )
+        ),
+        "lookup_pool_backward: segment_ids must be integers, got float64": (
+            lambda: ops.lookup_pool_backward(
+                g, i3, s3.astype(np.float64), capacity=4, backend=backend
+            )
+        ),
+        "segment_sum: segment_ids must be integers, got bool": lambda: ops.segment_sum(
+            jnp.ones((3, 1)), s3.astype(bool), 2, backend=backend
+        ),
+        "unique: ids: a value is not an integer in int64's range": lambda: ops.unique(
+            [1, 2**70], 2, backend=backend
+        ),
+    }
+    for message, call in cases.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call()
+
+
+def test_the_fused_update_takes_grads_of_a_type_the_kernel_lacks():
+    """float16 grads (float64 with 64-bit types) run on the reference, as in
+    lookup_pool_backward. Before: the kernel refused them at run time."""
+    opt = O.SGD(learning_rate=1.0)
+    t, ids, seg = jnp.zeros((4, 2)), np.array([0, 1, 2]), np.array([0, 0, 1])
+    g = jnp.asarray([[1.0, 2.0], [3.0, 4.0]], jnp.float16)
+    got, _, n = ops.lookup_pool_backward_update(t, opt.init(t), g, ids, seg, optimizer=opt)
+    np.testing.assert_array_equal(got, [[-1, -2], [-1, -2], [-3, -4], [0, 0]])
+    assert int(n) == 3
+
+
+def test_lists_and_empty_host_arrays_are_ids():
+    """An empty list was float32 (refused), and an empty host uint32 array was refused
+    while a non-empty one was taken."""
+    want = ops.unique(jnp.asarray([3, 1, 3], jnp.int32), 2)
+    for g, w in zip(ops.unique([3, 1, 3], 2), want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    empty = ops.unique(jnp.zeros((0,), jnp.int32), 2)
+    for ids in ([], (), np.zeros(0, np.uint32), np.zeros(0, np.uint64), np.zeros(0, np.int64)):
+        for g, w in zip(ops.unique(ids, 2), empty, strict=True):
+            np.testing.assert_array_equal(g, w)
+    if not jax.config.jax_enable_x64:
+        with pytest.raises(ValueError, match="unique: ids: id 2147483648 is outside int32"):
+            ops.unique([1, 2**31], 2)  # before: a bare OverflowError
+
+
+def test_host_uint32_ids_widen_to_int64_with_64_bit_types():
+    """Before: refused as 'outside int32' although the same device array was taken."""
+    with x64(True):
+        got = ops.unique(np.array([1, 3_000_000_000, 1], np.uint32), 2)
+        assert got[0].dtype == jnp.int64 and got[3].dtype == jnp.int32
+        np.testing.assert_array_equal(got[0], [1, 3_000_000_000])
+        ref = ops.unique(jnp.array([1, 3_000_000_000, 1], jnp.uint32), 2, backend="reference")
+        assert ref[3].dtype == jnp.int32  # num_unique: int32 on both backends
 
 
 def test_a_padding_id_reads_no_row_in_the_reference():

@@ -1,11 +1,13 @@
-"""Id arrays as the ops take them: one rule for every integer type an id array may have.
+"""Id arrays as the ops take them: one rule, for ids and segment ids, in every op.
 
-The kernels take int32 or int64 ids. Narrower integer types (int8, int16, uint8, uint16)
-are widened to int32, which holds every value they can hold. An unsigned 32- or 64-bit
-array is widened only where that is exact: uint32 to int64 with JAX's 64-bit types on
-(`jax_enable_x64`); a host (numpy) array whose values fit the signed type of its width is
-converted by value. Anything else is refused with the field and the type: wrapping would
-turn a large id into a negative one (padding) or into another row.
+The kernels take 1-D int32 or int64 ids. Narrower integer types (int8, int16, uint8,
+uint16) are widened to int32, which holds every value they can hold. An unsigned 32- or
+64-bit array is widened only where that is exact: uint32 to int64 with JAX's 64-bit types on
+(`jax_enable_x64`); a host (numpy) array or a Python list is converted by value when its
+values fit the ids JAX can hold (int32 with 64-bit types off, int64 with them on). Anything
+else is refused with the field and the type or value: wrapping would turn a large id into a
+negative one (padding) or into another row. Bool and float arrays are refused, as are
+arrays that are not 1-D or not of the expected length.
 """
 
 from __future__ import annotations
@@ -14,39 +16,56 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_INT32 = np.iinfo(np.int32)
-
 
 def _host_ids(name: str, ids: np.ndarray) -> np.ndarray:
-    """A host integer array, converted by value where its type would wrap in JAX."""
-    if ids.dtype.itemsize < 4 or not ids.size:
-        return ids
-    lo, hi = ids.min(), ids.max()
-    if not jax.config.jax_enable_x64 and (lo < _INT32.min or hi > _INT32.max):
-        bad = int(hi) if hi > _INT32.max else int(lo)
-        raise ValueError(
-            f"{name}: id {bad} is outside int32 and JAX's 64-bit types are off "
-            "(jax_enable_x64), so it would wrap to another id; enable them or pass int32 ids"
-        )
-    if ids.dtype.kind == "u":
-        signed = np.dtype(f"int{8 * ids.dtype.itemsize}")
-        if hi > np.iinfo(signed).max:
-            raise ValueError(f"{name}: id {int(hi)} is outside {signed.name}")
-        return ids.astype(signed)
-    return ids
+    """A host integer array as int32 or int64 by value (refused where a value does not fit)."""
+    target = np.dtype(np.int64 if jax.config.jax_enable_x64 else np.int32)
+    size, signed = ids.dtype.itemsize, ids.dtype.kind == "i"
+    if size < 4 or (signed and size <= target.itemsize):
+        return ids  # every value fits (a narrow type is widened on the device)
+    if not signed and size < target.itemsize:
+        return ids.astype(target)  # uint32 with 64-bit types on
+    if ids.size:
+        lo, hi, info = ids.min(), ids.max(), np.iinfo(target)
+        if lo < info.min or hi > info.max:
+            bad = int(hi) if hi > info.max else int(lo)
+            if target == np.int32:
+                raise ValueError(
+                    f"{name}: id {bad} is outside int32 and JAX's 64-bit types are off "
+                    "(jax_enable_x64), so it would wrap to another id; enable them or pass "
+                    "int32 ids"
+                )
+            raise ValueError(f"{name}: id {bad} is outside int64")
+    return ids.astype(target)
 
 
-def as_ids(name: str, ids) -> jax.Array:
-    """`ids` as a JAX array of int32 or int64 (non-integer types are passed through for the
-    op to refuse by name). With 64-bit types off, JAX converts a host int64 array to int32 by
-    wrapping (2**33 -> 0: a real row); such an array holding a value outside int32 is refused
-    instead. Arrays already on a device, or traced under `jit`, were converted by JAX before
-    any op sees them."""
+def _as_host(ids):
+    """A Python list or tuple (or scalar) as a numpy array; an empty one as int32 ids."""
+    if isinstance(ids, (list, tuple)) and len(ids) == 0:
+        return np.zeros((0,), np.int32)
+    try:
+        return np.asarray(ids)
+    except OverflowError:  # an int beyond int64: refused below by name
+        return np.asarray(ids, dtype=object)
+
+
+def as_ids(name: str, ids, n: int | None = None) -> jax.Array:
+    """`ids` as a 1-D JAX array of int32 or int64 (of length `n` when given), or a one-line
+    `ValueError` that starts with `name` (e.g. "lookup_pool: segment_ids")."""
+    if not isinstance(ids, (jax.Array, np.ndarray)):
+        ids = _as_host(ids)
     if isinstance(ids, np.ndarray) and ids.dtype.kind in "iu":
         ids = _host_ids(name, ids)
+    dt = ids.dtype
+    if dt == np.dtype(object):
+        raise ValueError(f"{name}: a value is not an integer in int64's range")
+    if not jnp.issubdtype(dt, jnp.integer):
+        raise ValueError(f"{name} must be integers, got {dt}")
+    if ids.ndim != 1 or (n is not None and ids.shape[0] != n):
+        raise ValueError(f"{name}: expected a 1-D array of {n or 'N'} ids, got shape {ids.shape}")
     ids = jnp.asarray(ids)
     dt = ids.dtype
-    if not jnp.issubdtype(dt, jnp.integer) or dt in (jnp.int32, jnp.int64):
+    if dt in (jnp.int32, jnp.int64):
         return ids
     if dt.itemsize < 4:  # int8, int16, uint8, uint16: every value fits int32
         return ids.astype(jnp.int32)

@@ -124,7 +124,7 @@ def unique(ids: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array, jax.Arr
     )
     is_new = is_new & valid_sorted
     slot_sorted = jnp.cumsum(is_new.astype(jnp.int32)) - 1
-    num_unique = jnp.sum(is_new.astype(jnp.int32))
+    num_unique = jnp.sum(is_new, dtype=jnp.int32)  # int32 with 64-bit types on too, as the kernels
     in_cap = valid_sorted & (slot_sorted < capacity)
     slot_sorted = jnp.where(in_cap, slot_sorted, -1)
     target = jnp.where(is_new & in_cap, slot_sorted, capacity)

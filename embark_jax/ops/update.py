@@ -110,10 +110,15 @@ def lookup_pool_backward_update(
     per_id = combiner is Combiner.NONE
     if per_id:
         segment_ids = jnp.arange(ids.shape[0], dtype=jnp.int32)
-    segment_ids = as_ids("lookup_pool_backward_update: segment_ids", segment_ids)
+    segment_ids = as_ids("lookup_pool_backward_update: segment_ids", segment_ids, ids.shape[0])
     scale = id_scale(ids, segment_ids, g.shape[0], weights, combiner, vocab)
     ids = jnp.where(scale != 0, ids, -1)
-    if resolve(backend) is Backend.REFERENCE:
+    kernel_dtypes = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+    if (  # dtypes the kernel does not take run on the reference, as in lookup_pool_backward
+        resolve(backend) is Backend.REFERENCE
+        or g.dtype not in kernel_dtypes
+        or table.dtype not in kernel_dtypes
+    ):
         n = ids.shape[0]
         rows, row_grads, _ = lookup_pool_backward(
             g,
