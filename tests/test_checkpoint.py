@@ -116,11 +116,23 @@ def test_files_where_checkpoints_go_are_replaced_and_cleaned(tmp_path):
     d.mkdir()
     for name in ("step_00000001", "step_00000003.old-x", "step_00000004.tmp-y", "step_5.del-z"):
         (d / name).write_text("not a checkpoint")
+    elsewhere = tmp_path / "elsewhere"  # a complete checkpoint outside, linked in
+    elsewhere.mkdir()
+    (elsewhere / "meta.json").write_text("{}")
+    (d / "step_00000003.old-l").symlink_to(elsewhere)  # before: renamed to step_00000003
+    (d / "step_00000006.tmp-l").symlink_to(tmp_path / "nowhere")
     path = a.save(str(d), step=1)
     assert sorted(os.listdir(d)) == ["step_00000001"]
+    assert sorted(os.listdir(elsewhere)) == ["meta.json"]  # the link went, not its target
     b = trainer(mixed_plan(), seed=7)
     assert b.restore(str(d))["path"] == path
     assert_same_state(a, b)
+    (d / "step_00000009").write_text("not ours")  # not a checkpoint: ignored and kept
+    a.save(str(d), step=2, max_to_keep=1)
+    assert sorted(os.listdir(d)) == ["step_00000002", "step_00000009"]
+    assert ckpt.latest_step(str(d)) == 2
+    with pytest.raises(NotADirectoryError, match="step_00000009' is not a directory"):
+        a.save(str(d / "step_00000009"))  # before: a bare error naming a .tmp- path
 
 
 def test_restore_onto_4_devices_with_trw(tmp_path):

@@ -259,6 +259,9 @@ def test_unwritable_checkpoint_dir_fails_before_training(tmp_path, model):
         ckpt.CheckpointEvery(bad, runner, every=1, last_step=1)
     with pytest.raises(PermissionError, match=r"file.* exists and is not a directory"):
         ckpt.check_writable(str(tmp_path / "file"))  # before: "File exists"
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    with pytest.raises(PermissionError, match=r"dangling.* exists and is not a directory"):
+        ckpt.check_writable(str(tmp_path / "dangling"))
     ckpt.check_writable(str(tmp_path / "new" / "ck"))  # created, probe removed
     assert os.listdir(tmp_path / "new" / "ck") == []
 

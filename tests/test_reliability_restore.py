@@ -116,7 +116,9 @@ BAD_META = {  # field -> value written into meta.json, and the error's tail
     "tables": ("tables", [], r"tables must be an object, got \[\]"),
     "step-int32": ("step", 2**31, r"step must be an integer in \[0, 2147483647\], got 2147483648"),
     "table-dir": ("tables", "dir", r"table 'a': its dir in .* must be a string, got None"),
-    "table-step": ("tables", "step", r"table 'a': .* records step 7, the checkpoint 1"),
+    "table-step": ("tables", 7, r"table 'a': .* records step 7, the checkpoint 1"),
+    "table-step-bool": ("tables", True, r"table 'a': .* records step True, the checkpoint 1"),
+    "table-step-float": ("tables", 1.0, r"table 'a': .* records step 1.0, the checkpoint 1"),
 }
 
 
@@ -131,8 +133,8 @@ def test_a_hand_edited_meta_json_is_a_one_line_error(saved, tmp_path, case):
     meta = json.load(open(path))
     if case == "table-dir":
         meta["tables"]["a"]["dir"] = None
-    elif case == "table-step":
-        meta["tables"]["a"]["step"] = 7
+    elif case.startswith("table-step"):
+        meta["tables"]["a"]["step"] = value
     else:
         meta[key] = value
     json.dump(meta, open(path, "w"))

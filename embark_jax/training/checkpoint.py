@@ -45,6 +45,7 @@ from embark_jax.training.checkpoint_dir import (
     commit,
     field,
     latest_step,
+    not_a_directory,
     read_meta,
     resolve,
     step_dir,
@@ -202,6 +203,8 @@ def save(
     leftovers: see `embark_jax.training.checkpoint_dir`. A relative `directory` is taken
     from the current directory (Orbax itself takes only absolute paths)."""
     directory = os.path.abspath(directory)
+    if not_a_directory(directory):
+        raise NotADirectoryError(f"checkpoint directory {directory!r} is not a directory")
     step = _count("step", int(state.step) if step is None else step, MAX_STEP)
     data_position = step if data_position is None else data_position
     data_position = _count("data_position", data_position, MAX_POSITION)
@@ -261,9 +264,10 @@ def _check_tables(setup: TrainSetup, meta: dict, path: str) -> None:
                 f"table {name!r}: checkpoint dtype {saved['dtype']}, configured {want} "
                 "(not converted; restore into a model with the same table dtype)"
             )
-        if saved.get("step", meta["step"]) != meta["step"]:  # absent in no checkpoint we wrote
+        table_step = saved.get("step", meta["step"])  # absent in no checkpoint we wrote
+        if type(table_step) is not int or table_step != meta["step"]:  # not True, not 1.0
             raise ValueError(
-                f"table {name!r}: {where} records step {saved['step']!r}, the checkpoint "
+                f"table {name!r}: {where} records step {table_step!r}, the checkpoint "
                 f"{meta['step']} (copied from another checkpoint?)"
             )
         opt = _optimizer_name(setup, name)

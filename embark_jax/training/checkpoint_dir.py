@@ -17,7 +17,10 @@ Rules (docs/design.md §8, "Checkpoints"):
 * **Pruning is atomic too**: a pruned checkpoint is renamed to `step_N.del-<tag>` before it
   is deleted, so a half-deleted one is never taken for complete.
 * **Leftovers** of interrupted saves (`.tmp-*`, `.del-*`, `.old-*`) are cleaned by the next
-  commit. One save at a time per directory.
+  commit, as is anything else found under such a name (a file; a link, never what it points
+  to). An entry named `step_N` that is not a complete checkpoint (no `meta.json`: not one we
+  wrote) is ignored, and replaced only when step N is saved. One save at a time per
+  directory.
 * **Table names** become one path component each (`table_dirname`): characters other than
   letters, digits, `_` and `-` are %-escaped, so no name can leave the checkpoint.
 """
@@ -36,6 +39,7 @@ __all__ = [
     "commit",
     "field",
     "latest_step",
+    "not_a_directory",
     "read_json",
     "read_meta",
     "resolve",
@@ -61,11 +65,16 @@ def table_dirname(name: str) -> str:
     return out
 
 
+def not_a_directory(path: str) -> bool:
+    """Whether something other than a directory (a file, a dangling link) is at `path`."""
+    return os.path.lexists(path) and not os.path.isdir(path)
+
+
 def check_writable(directory: str) -> None:
     """Creates `directory` if needed and writes and removes a probe file in it; raises
     `PermissionError` (one line, naming the directory) when checkpoints cannot be saved
     there. Call it before training starts (`CheckpointEvery` does at construction)."""
-    if os.path.exists(directory) and not os.path.isdir(directory):
+    if not_a_directory(directory):
         raise PermissionError(
             f"checkpoint directory {directory!r} is not writable: it exists and is not a directory"
         )
@@ -151,9 +160,11 @@ def _complete(directory: str) -> dict[int, str]:
         if not n.startswith(_PREFIX):
             continue
         num, _, suffix = n[len(_PREFIX) :].partition(".")
+        path = os.path.join(directory, n)
         if not num.isdigit() or (suffix and not suffix.startswith("old-")):
             continue
-        path = os.path.join(directory, n)
+        if suffix and os.path.islink(path):  # we make no links: not a moved-aside save
+            continue
         if not os.path.exists(os.path.join(path, "meta.json")):
             continue
         if not suffix or int(num) not in found:
@@ -204,7 +215,9 @@ def _clean_leftovers(directory: str, keep: str) -> None:
         if not n.startswith(_PREFIX) or path == keep:
             continue
         base, _, suffix = n.partition(".")
-        if suffix.startswith(("tmp-", "del-")):
+        if suffix.startswith(("tmp-", "del-", "old-")) and os.path.islink(path):
+            _delete(path)  # we make no links: the link goes, never what it points to
+        elif suffix.startswith(("tmp-", "del-")):
             _delete(path)
         elif suffix.startswith("old-"):
             final = os.path.join(directory, base)
