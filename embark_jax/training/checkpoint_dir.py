@@ -19,8 +19,8 @@ Rules (docs/design.md §8, "Checkpoints"):
 * **Leftovers** of interrupted saves (`.tmp-*`, `.del-*`, `.old-*`) are cleaned by the next
   commit, as is anything else found under such a name (a file; a link, never what it points
   to). An entry named `step_N` that is not a complete checkpoint (no `meta.json`: not one we
-  wrote) is ignored, and replaced only when step N is saved. One save at a time per
-  directory.
+  wrote) is ignored, and replaced only when step N is saved (or its moved-aside copy is put
+  back). One save at a time per directory.
 * **Table names** become one path component each (`table_dirname`): characters other than
   letters, digits, `_` and `-` are %-escaped, so no name can leave the checkpoint.
 """
@@ -147,7 +147,7 @@ def _sequence(path: str) -> int:
         seq = read_json(os.path.join(path, "meta.json")).get("sequence", -1)
     except (OSError, ValueError):
         return -1
-    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 else -1
+    return seq if type(seq) is int and seq >= 0 else -1  # not True, not 2.0
 
 
 def _complete(directory: str) -> dict[int, str]:
