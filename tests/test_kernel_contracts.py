@@ -252,6 +252,62 @@ def test_the_fused_update_takes_grads_of_a_type_the_kernel_lacks():
     assert int(n) == 3
 
 
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_ids_of_bags_outside_the_output_get_no_gradient_on_either_backend(combiner):
+    """The forward drops an id whose segment is outside [0, S); the reference backward
+    (and so the fused update's reference, and float16 grads on the default backend) gave
+    it the gradient of a clipped segment."""
+    g = jnp.asarray([[1.0, 2.0], [3.0, 4.0]])
+    ids, seg = jnp.asarray([1, 2, 3, 0]), jnp.asarray([0, -1, 1, 2])
+    want = jax.grad(lambda t: (ops.lookup_pool(t, ids, seg, 2, combiner=combiner) * g).sum())(
+        jnp.zeros((4, 2))
+    )
+    opt = O.SGD(learning_rate=1.0)
+    t0 = jnp.zeros((4, 2))
+    for backend in ("ffi", "reference"):
+        rows, rg, _ = ops.lookup_pool_backward(
+            g, ids, seg, capacity=4, combiner=combiner, backend=backend
+        )
+        dense = np.zeros((4, 2), np.float32)
+        for r, x in zip(np.asarray(rows), np.asarray(rg), strict=True):
+            if r >= 0:
+                dense[r] += x
+        np.testing.assert_array_equal(dense, want, err_msg=backend)
+        t, _, _ = ops.lookup_pool_backward_update(
+            t0, opt.init(t0), g, ids, seg, optimizer=opt, combiner=combiner, backend=backend
+        )
+        np.testing.assert_array_equal(t, -want, err_msg=backend)
+
+
+def test_backward_inputs_are_checked_as_the_forward_checks_them():
+    g, ids, seg = jnp.ones((2, 2)), jnp.asarray([1, 2, 3]), jnp.asarray([0, 0, 1])
+    opt, t0 = O.SGD(learning_rate=1.0), jnp.zeros((4, 2))
+    calls = {
+        "lookup_pool_backward": lambda s, w: ops.lookup_pool_backward(g, ids, s, w, capacity=3),
+        "lookup_pool_backward_update": lambda s, w: ops.lookup_pool_backward_update(
+            t0, opt.init(t0), g, ids, s, w, optimizer=opt
+        ),
+    }
+    for op, call in calls.items():
+        with pytest.raises(ValueError, match=f"{op}: segment_ids are required for pooled"):
+            call(None, None)  # before: "a value is not an integer in int64's range"
+        with pytest.raises(ValueError, match=re.escape(f"{op}: weights must be [N] = (3,)")):
+            call(seg, jnp.ones(2))  # before: a broadcasting error from jnp
+    # `none` ignores segment ids, as documented: float ones too
+    t = jnp.arange(8.0).reshape(4, 2)
+    np.testing.assert_array_equal(
+        ops.lookup_pool(t, ids, jnp.asarray([0.5, 0, 1]), 3, combiner="none"),
+        ops.lookup_pool(t, ids, None, 3, combiner="none"),
+    )
+
+
+def test_lists_of_big_ints_and_of_tracers():
+    with pytest.raises(ValueError, match="unique: ids: a value is not an integer in int64"):
+        ops.unique([1, 2**63, 3], 4)  # before: "must be integers, got float64" (numpy's)
+    got = jax.jit(lambda a, b: ops.unique([a, b, a], 2))(jnp.int32(4), jnp.int32(1))
+    np.testing.assert_array_equal(got[0], [1, 4])  # before: TracerArrayConversionError
+
+
 def test_lists_and_empty_host_arrays_are_ids():
     """An empty list was float32 (refused), and an empty host uint32 array was refused
     while a non-empty one was taken."""

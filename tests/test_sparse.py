@@ -147,6 +147,37 @@ def test_from_lengths_errors(values, lengths, message):
         SparseFeatures.from_lengths(values, lengths)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64])
+def test_unsigned_lengths_are_taken(dtype):
+    """Before: IndexError (uint8-32) or a casting TypeError (uint64) deep in numpy."""
+    vals = np.array([1, 2, 3])
+    got = SparseFeatures.from_lengths({"f": vals}, {"f": np.array([2, 1], dtype)})
+    want = SparseFeatures.from_lengths({"f": vals}, {"f": np.array([2, 1], np.int32)})
+    np.testing.assert_array_equal(got.ids["f"], want.ids["f"])
+    np.testing.assert_array_equal(got.lengths["f"], want.lengths["f"])
+
+
+def test_an_unsigned_length_too_large_is_refused_not_wrapped():
+    """A uint64 sum wraps: [2**64 - 1, 2] summed to 1 and matched one value."""
+    with pytest.raises(ValueError, match="feature 'f': length 18446744073709551615 is too large"):
+        SparseFeatures.from_lengths(
+            {"f": np.array([7])}, {"f": np.array([2**64 - 1, 2], np.uint64)}
+        )
+
+
+def test_ragged_rows_are_checked_one_by_one():
+    """Rows of mixed types were merged first: bool with int rows became ids, uint64 with
+    int64 rows became float64 (refused as floats)."""
+    with pytest.raises(
+        ValueError, match="feature 'f': ids must be an integer array, got dtype bool"
+    ):
+        SparseFeatures.from_ragged({"f": [np.array([True, False]), np.array([3])]})
+    with pytest.raises(ValueError, match="feature 'f': id 9223372036854775808 does not fit"):
+        SparseFeatures.from_ragged({"f": [[2**63], [3]]})
+    mixed = SparseFeatures.from_ragged({"f": [np.array([1], np.uint64), np.array([3]), []]})
+    np.testing.assert_array_equal(mixed.ids["f"], [[1], [3], [-1]])
+
+
 def test_ragged_weight_length_mismatch():
     with pytest.raises(
         ValueError, match=r"feature 'b': weights lengths \[1\] do not match ids lengths \[2\]"

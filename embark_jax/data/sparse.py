@@ -120,6 +120,10 @@ class SparseFeatures:
                     f"{lens.dtype} of shape {lens.shape}"
                 )
             batch = _check_batch(name, lens.shape[0], batch)
+            if lens.dtype.kind == "u":  # as int64, before any sum (a uint64 sum wraps)
+                if lens.size and lens.max() > np.iinfo(np.int64).max:
+                    raise ValueError(f"feature {name!r}: length {int(lens.max())} is too large")
+                lens = lens.astype(np.int64)
             if lens.size and lens.min() < 0:
                 b = int(np.argmin(lens))
                 raise ValueError(f"feature {name!r}: negative length {int(lens[b])} at sample {b}")
@@ -167,6 +171,9 @@ class SparseFeatures:
         values, lengths, wvals = {}, {}, {}
         for name, rows in ids.items():
             rows = [np.asarray(r).reshape(-1) for r in rows]
+            # each row checked alone (mixing bool or uint64 rows with int ones gave int or
+            # float); an empty row has no type to check ([] is float64 to numpy)
+            rows = [_as_int_array(name, r) if r.size else r.astype(np.int32) for r in rows]
             lengths[name] = np.array([r.shape[0] for r in rows], dtype=np.int64)
             dtypes = [r.dtype for r in rows if r.size]
             dtype = np.result_type(*dtypes) if dtypes else np.int32

@@ -39,21 +39,30 @@ def _host_ids(name: str, ids: np.ndarray) -> np.ndarray:
     return ids.astype(target)
 
 
-def _as_host(ids):
-    """A Python list or tuple (or scalar) as a numpy array; an empty one as int32 ids."""
-    if isinstance(ids, (list, tuple)) and len(ids) == 0:
-        return np.zeros((0,), np.int32)
+def _as_array(ids):
+    """A Python list or tuple (or scalar) as an array: an empty one as int32 ids; one that
+    holds JAX arrays (tracers under `jit`) as a JAX array; else a numpy array, with Python
+    ints beyond int64 kept as objects (numpy would make them floats) to be refused by name."""
+    if isinstance(ids, (list, tuple)):
+        if len(ids) == 0:
+            return np.zeros((0,), np.int32)
+        if any(isinstance(x, jax.Array) for x in ids):
+            return jnp.asarray(ids)
     try:
-        return np.asarray(ids)
-    except OverflowError:  # an int beyond int64: refused below by name
+        out = np.asarray(ids)
+    except OverflowError:
         return np.asarray(ids, dtype=object)
+    if out.dtype.kind == "f" and isinstance(ids, (list, tuple)):
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
+            return np.asarray(ids, dtype=object)  # e.g. [1, 2**63]: not a float array
+    return out
 
 
 def as_ids(name: str, ids, n: int | None = None) -> jax.Array:
     """`ids` as a 1-D JAX array of int32 or int64 (of length `n` when given), or a one-line
     `ValueError` that starts with `name` (e.g. "lookup_pool: segment_ids")."""
     if not isinstance(ids, (jax.Array, np.ndarray)):
-        ids = _as_host(ids)
+        ids = _as_array(ids)
     if isinstance(ids, np.ndarray) and ids.dtype.kind in "iu":
         ids = _host_ids(name, ids)
     dt = ids.dtype

@@ -67,15 +67,12 @@ def lookup_pool(
     table, ids = jnp.asarray(table), as_ids("lookup_pool: ids", ids)
     if table.ndim != 2:
         raise ValueError(f"lookup_pool: table must be [V, D], got shape {table.shape}")
-    if segment_ids is None:
-        if combiner.pooled:
-            raise ValueError("lookup_pool: segment_ids are required for pooled combiners")
+    if not combiner.pooled:  # ignored (documented): each id is its own output row
         segment_ids = jnp.zeros(ids.shape, jnp.int32)
+    elif segment_ids is None:
+        raise ValueError("lookup_pool: segment_ids are required for pooled combiners")
     segment_ids = as_ids("lookup_pool: segment_ids", segment_ids, ids.shape[0])
-    if weights is not None and jnp.shape(weights) != ids.shape:
-        raise ValueError(
-            f"lookup_pool: weights must be [N] = {ids.shape}, got {jnp.shape(weights)}"
-        )
+    _check_weights("lookup_pool", weights, ids)
     out_dtype = jnp.dtype(out_dtype or table.dtype)
     for what, dt in (("table", table.dtype), ("out_dtype", out_dtype)):
         if not jnp.issubdtype(dt, jnp.floating):
@@ -129,20 +126,39 @@ _lookup_pool_ffi.defvjp(_lp_fwd, _lp_bwd)
 
 
 def id_scale(ids, segment_ids, num_segments, weights, combiner, vocab_size):
-    """Per-id factor d(output)/d(row): w_i / denom(bag_i), 0 for padding."""
+    """Per-id factor d(output)/d(row): w_i / denom(bag_i); 0 for a padding id and for an id
+    whose segment is outside [0, num_segments) (the forward drops it)."""
     valid = ids >= 0
     if vocab_size is not None:
         valid &= ids < vocab_size
     w = jnp.ones(ids.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
     w = jnp.where(valid, w, 0.0)
+    seg_ok = (segment_ids >= 0) & (segment_ids < num_segments)
     if combiner in (Combiner.SUM, Combiner.NONE):
-        return w
+        return jnp.where(seg_ok, w, 0.0)
     denom = reference.pool_denominator(
         jnp.where(valid, ids, -1), segment_ids, num_segments, w, combiner
     )
-    seg_ok = (segment_ids >= 0) & (segment_ids < num_segments)
     d = jnp.take(denom, jnp.where(seg_ok, segment_ids, 0))
     return jnp.where(seg_ok & (d > 0), w / jnp.where(d > 0, d, 1.0), 0.0)
+
+
+def pooling_inputs(name: str, ids, segment_ids, weights, combiner: Combiner):
+    """The ids, segment ids and weights of a backward op, checked (`name`: the op): segment
+    ids are required for pooled combiners and ignored for `none` (each id its own bag)."""
+    ids = as_ids(f"{name}: ids", ids)
+    if not combiner.pooled:
+        segment_ids = jnp.arange(ids.shape[0], dtype=jnp.int32)
+    elif segment_ids is None:
+        raise ValueError(f"{name}: segment_ids are required for pooled combiners")
+    segment_ids = as_ids(f"{name}: segment_ids", segment_ids, ids.shape[0])
+    _check_weights(name, weights, ids)
+    return ids, segment_ids
+
+
+def _check_weights(name: str, weights, ids) -> None:
+    if weights is not None and jnp.shape(weights) != ids.shape:
+        raise ValueError(f"{name}: weights must be [N] = {ids.shape}, got {jnp.shape(weights)}")
 
 
 def lookup_pool_backward(
@@ -170,12 +186,9 @@ def lookup_pool_backward(
     Feed the result to `sparse_update`.
     """
     combiner = Combiner.parse(combiner)
-    ids = as_ids("lookup_pool_backward: ids", ids)
+    ids, segment_ids = pooling_inputs("lookup_pool_backward", ids, segment_ids, weights, combiner)
     g = jnp.asarray(output_grads)
     per_id = combiner is Combiner.NONE
-    if per_id:
-        segment_ids = jnp.arange(ids.shape[0], dtype=jnp.int32)
-    segment_ids = as_ids("lookup_pool_backward: segment_ids", segment_ids, ids.shape[0])
     num_segments = g.shape[0]
     scale = id_scale(ids, segment_ids, num_segments, weights, combiner, vocab_size)
     masked_ids = jnp.where(scale != 0, ids, -1) if vocab_size is not None else ids

@@ -9,9 +9,8 @@ import jax.numpy as jnp
 
 from embark_jax.core.specs import Combiner
 from embark_jax.ops import _ffi, reference
-from embark_jax.ops._ids import as_ids
 from embark_jax.ops.backend import Backend, resolve
-from embark_jax.ops.lookup import id_scale, lookup_pool_backward
+from embark_jax.ops.lookup import id_scale, lookup_pool_backward, pooling_inputs
 from embark_jax.ops.optimizers import SparseOptimizer, with_rounding_seed
 
 __all__ = ["lookup_pool_backward_update", "merge_duplicate_rows", "sparse_update"]
@@ -104,13 +103,12 @@ def lookup_pool_backward_update(
     Returns `(table, state, num_unique_rows)`; in place when `table`/`state` are donated.
     """
     combiner = Combiner.parse(combiner)
-    ids = as_ids("lookup_pool_backward_update: ids", ids)
+    ids, segment_ids = pooling_inputs(
+        "lookup_pool_backward_update", ids, segment_ids, weights, combiner
+    )
     g = jnp.asarray(output_grads)
     vocab = table.shape[0]
     per_id = combiner is Combiner.NONE
-    if per_id:
-        segment_ids = jnp.arange(ids.shape[0], dtype=jnp.int32)
-    segment_ids = as_ids("lookup_pool_backward_update: segment_ids", segment_ids, ids.shape[0])
     scale = id_scale(ids, segment_ids, g.shape[0], weights, combiner, vocab)
     ids = jnp.where(scale != 0, ids, -1)
     kernel_dtypes = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
