@@ -135,6 +135,38 @@ def test_files_where_checkpoints_go_are_replaced_and_cleaned(tmp_path):
         a.save(str(d / "step_00000009"))  # before: a bare error naming a .tmp- path
 
 
+def test_a_step_that_will_not_go_blocks_no_later_save(tmp_path, monkeypatch):
+    """A complete step_1.old-* next to an incomplete step_1 that cannot be deleted (a
+    read-only subdirectory, as another user): the put-back rename failed, and so did every
+    later save. Now the old copy stays and is still found; a prune that fails warns."""
+    from embark_jax.training import checkpoint_dir
+
+    a = trainer(mixed_plan())
+    d = tmp_path / "ck"
+    a.save(str(d), step=1)
+    os.rename(d / "step_00000001", d / "step_00000001.old-x")
+    (d / "step_00000001" / "ro").mkdir(parents=True)
+    (d / "step_00000001" / "ro" / "f").write_text("x")
+    real = checkpoint_dir._delete
+    monkeypatch.setattr(
+        checkpoint_dir, "_delete", lambda p: None if p.endswith("step_00000001") else real(p)
+    )
+    a.save(str(d), step=2, max_to_keep=None)  # before: OSError "Directory not empty"
+    assert sorted(os.listdir(d)) == ["step_00000001", "step_00000001.old-x", "step_00000002"]
+    assert ckpt.resolve(str(d), 1).endswith("step_00000001.old-x")
+    b = trainer(mixed_plan(), seed=7)
+    b.restore(str(d), step=1)
+    assert_same_state(a, b)
+
+    def refuse(path, tag):
+        raise PermissionError(f"cannot move {path}")
+
+    monkeypatch.setattr(checkpoint_dir, "_remove", refuse)
+    with pytest.warns(UserWarning, match="checkpoint saved, but .* could not be pruned"):
+        path = a.save(str(d), step=3, max_to_keep=1)
+    assert ckpt.latest_step(str(d)) == 3 and os.path.isdir(path)
+
+
 def test_restore_onto_4_devices_with_trw(tmp_path):
     """Saved from the planner's plan on 8 devices, restored onto TRW on 4: every row and
     every optimizer slot arrives bit-exact."""

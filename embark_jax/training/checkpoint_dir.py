@@ -15,7 +15,8 @@ Rules (docs/design.md §8, "Checkpoints"):
   run's steps 100-102 keeps its step 1 (and `--resume` continues the new run). Checkpoints
   written before sequences existed count as older than any that has one.
 * **Pruning is atomic too**: a pruned checkpoint is renamed to `step_N.del-<tag>` before it
-  is deleted, so a half-deleted one is never taken for complete.
+  is deleted, so a half-deleted one is never taken for complete. It comes after the commit
+  and is best effort: one that cannot be moved is warned about, and the save still returns.
 * **Leftovers** of interrupted saves (`.tmp-*`, `.del-*`, `.old-*`) are cleaned by the next
   commit, as is anything else found under such a name (a file; a link, never what it points
   to). An entry named `step_N` that is not a complete checkpoint (no `meta.json`: not one we
@@ -31,6 +32,7 @@ import json
 import os
 import shutil
 import uuid
+import warnings
 from typing import Any
 
 __all__ = [
@@ -226,7 +228,10 @@ def _clean_leftovers(directory: str, keep: str) -> None:
             elif os.path.exists(os.path.join(path, "meta.json")):
                 if os.path.lexists(final):  # an incomplete step_N: the old one wins
                     _delete(final)
-                os.replace(path, final)
+                try:
+                    os.replace(path, final)
+                except OSError:  # step_N would not go: the old one is still found as is
+                    pass
             else:  # not a checkpoint (a file, or an incomplete directory) and nothing newer
                 _delete(path)
 
@@ -251,4 +256,9 @@ def commit(directory: str, tmp: str, final: str, meta: dict, max_to_keep: int | 
     if max_to_keep:
         order = [p for p in _by_commit_order(directory) if p[1] != final] + [(0, final)]
         for _, path in order[:-max_to_keep]:
-            _remove(path, tag)
+            try:
+                _remove(path, tag)
+            except OSError as e:  # the save is committed; the next one prunes again
+                warnings.warn(
+                    f"checkpoint saved, but {path} could not be pruned: {e}", stacklevel=3
+                )
