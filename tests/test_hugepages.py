@@ -62,8 +62,13 @@ def _table(rows, dim=128, seed=0):
 def test_huge_pages_moves_the_table_and_keeps_its_data():
     """In a fresh process: in this one, malloc may hand the table memory an earlier test's
     table left on huge pages (freed blocks under the trim threshold stay in the heap)."""
+    _in_a_fresh_process("moves_the_table_and_keeps_its_data")
+
+
+def _in_a_fresh_process(function: str) -> None:
+    """Runs this module's `function` in a new Python process (a heap no test has used)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = "from tests import test_hugepages as t; t.moves_the_table_and_keeps_its_data()"
+    code = f"from tests import test_hugepages as t; t.{function}()"
     r = subprocess.run(
         [sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=300
     )
@@ -224,12 +229,7 @@ def test_a_large_output_is_written_on_huge_pages():
     huge pages, and on 4 KiB pages with the mode off; the values are the same either way.
     In a fresh process: in this one, glibc may serve the 40 MiB from a heap block an earlier
     test's buffer left on huge pages (seen in CI: 30 of 40 MiB huge with the mode off)."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = "from tests import test_hugepages as t; t.large_output_on_huge_pages()"
-    r = subprocess.run(
-        [sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=300
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    _in_a_fresh_process("large_output_on_huge_pages")
 
 
 def large_output_on_huge_pages():
