@@ -144,8 +144,9 @@ def id_scale(ids, segment_ids, num_segments, weights, combiner, vocab_size):
 
 
 def pooling_inputs(name: str, ids, segment_ids, weights, combiner: Combiner):
-    """The ids, segment ids and weights of a backward op, checked (`name`: the op): segment
-    ids are required for pooled combiners and ignored for `none` (each id its own bag)."""
+    """A backward op's `(ids, segment_ids)` as `as_ids` takes them, its weights' length
+    checked (`name`: the op). Segment ids are required for pooled combiners and ignored
+    for `none`, where each id is its own bag."""
     ids = as_ids(f"{name}: ids", ids)
     if not combiner.pooled:
         segment_ids = jnp.arange(ids.shape[0], dtype=jnp.int32)
