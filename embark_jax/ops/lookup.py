@@ -64,15 +64,10 @@ def lookup_pool(
     """
     combiner = Combiner.parse(combiner)
     num_segments = _check_count("lookup_pool: num_segments", num_segments)
-    table, ids = jnp.asarray(table), as_ids("lookup_pool: ids", ids)
+    table = jnp.asarray(table)
     if table.ndim != 2:
         raise ValueError(f"lookup_pool: table must be [V, D], got shape {table.shape}")
-    if not combiner.pooled:  # ignored (documented): each id is its own output row
-        segment_ids = jnp.zeros(ids.shape, jnp.int32)
-    elif segment_ids is None:
-        raise ValueError("lookup_pool: segment_ids are required for pooled combiners")
-    segment_ids = as_ids("lookup_pool: segment_ids", segment_ids, ids.shape[0])
-    _check_weights("lookup_pool", weights, ids)
+    ids, segment_ids = pooling_inputs("lookup_pool", ids, segment_ids, weights, combiner)
     out_dtype = jnp.dtype(out_dtype or table.dtype)
     for what, dt in (("table", table.dtype), ("out_dtype", out_dtype)):
         if not jnp.issubdtype(dt, jnp.floating):
@@ -144,9 +139,9 @@ def id_scale(ids, segment_ids, num_segments, weights, combiner, vocab_size):
 
 
 def pooling_inputs(name: str, ids, segment_ids, weights, combiner: Combiner):
-    """A backward op's `(ids, segment_ids)` as `as_ids` takes them, its weights' length
-    checked (`name`: the op). Segment ids are required for pooled combiners and ignored
-    for `none`, where each id is its own bag."""
+    """An op's `(ids, segment_ids)` as `as_ids` takes them, its weights' length checked
+    (`name`: the op). Segment ids are required for pooled combiners and ignored for `none`,
+    where each id is its own bag (given as `arange(N)`)."""
     ids = as_ids(f"{name}: ids", ids)
     if not combiner.pooled:
         segment_ids = jnp.arange(ids.shape[0], dtype=jnp.int32)

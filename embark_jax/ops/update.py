@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from embark_jax.core.specs import Combiner
 from embark_jax.ops import _ffi, reference
 from embark_jax.ops.backend import Backend, resolve
-from embark_jax.ops.lookup import id_scale, lookup_pool_backward, pooling_inputs
+from embark_jax.ops.lookup import _FLOAT_DTYPES, id_scale, lookup_pool_backward, pooling_inputs
 from embark_jax.ops.optimizers import SparseOptimizer, with_rounding_seed
 
 __all__ = ["lookup_pool_backward_update", "merge_duplicate_rows", "sparse_update"]
@@ -111,11 +111,10 @@ def lookup_pool_backward_update(
     per_id = combiner is Combiner.NONE
     scale = id_scale(ids, segment_ids, g.shape[0], weights, combiner, vocab)
     ids = jnp.where(scale != 0, ids, -1)
-    kernel_dtypes = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
     if (  # dtypes the kernel does not take run on the reference, as in lookup_pool_backward
         resolve(backend) is Backend.REFERENCE
-        or g.dtype not in kernel_dtypes
-        or table.dtype not in kernel_dtypes
+        or g.dtype not in _FLOAT_DTYPES
+        or table.dtype not in _FLOAT_DTYPES
     ):
         n = ids.shape[0]
         rows, row_grads, _ = lookup_pool_backward(
