@@ -44,6 +44,7 @@ from embark_jax.training.checkpoint_dir import (
     check_writable,
     commit,
     field,
+    is_count,
     latest_step,
     not_a_directory,
     read_meta,
@@ -168,11 +169,11 @@ def _table_meta(setup: TrainSetup, name: str, arrays: dict[str, Any], step: int)
 
 def _count(name: str, value, limit: int) -> int:
     """`value` as an int in [0, limit] (numpy integers too), else a one-line ValueError."""
+    if is_count(value, limit):
+        return int(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"checkpoint save: {name} must be an integer, got {value!r}")
-    if not 0 <= int(value) <= limit:
-        raise ValueError(f"checkpoint save: {name} must be in [0, {limit}], got {int(value)}")
-    return int(value)
+    raise ValueError(f"checkpoint save: {name} must be in [0, {limit}], got {int(value)}")
 
 
 def _write(setup: TrainSetup, state: TrainState, tmp: str, step: int) -> dict[str, dict]:

@@ -35,11 +35,14 @@ import uuid
 import warnings
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "FORMAT",
     "check_writable",
     "commit",
     "field",
+    "is_count",
     "latest_step",
     "not_a_directory",
     "read_json",
@@ -119,6 +122,14 @@ MAX_STEP = 2**31 - 1  # the state's step is int32; save and restore both hold to
 MAX_POSITION = 2**63 - 1
 
 
+def is_count(value, limit: int) -> bool:
+    """Whether `value` is an integer (a numpy one too; not a bool) in [0, limit]: the rule
+    for a step or data position, whether save is given it or meta.json holds it."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        return False
+    return 0 <= int(value) <= limit
+
+
 def read_meta(path: str) -> dict[str, Any]:
     """The meta.json of the checkpoint at `path`, checked for the fields a restore needs and
     their types (a hand-edited file gets a one-line error naming the field, not a crash)."""
@@ -130,7 +141,7 @@ def read_meta(path: str) -> dict[str, Any]:
         field(meta, key, file)
     for key, limit in (("step", MAX_STEP), ("data_position", MAX_POSITION)):
         value = meta.get(key, 0)  # data_position may be absent (restore uses step)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        if not is_count(value, limit):
             raise ValueError(
                 f"checkpoint metadata {file}: {key} must be an integer in [0, {limit}], "
                 f"got {value!r}"
