@@ -2,6 +2,7 @@
 resume equals uninterrupted, single-table export/import, atomic saves."""
 
 import os
+import re
 
 import jax
 import numpy as np
@@ -240,7 +241,7 @@ def _second_save_fails(tmp_path, monkeypatch, error, at):
         return real(*args, **kw)
 
     monkeypatch.setattr(ckpt, "table_arrays", dying)
-    with pytest.raises(type(error)):
+    with pytest.raises(type(error), match=re.escape(str(error))):
         a.save(str(tmp_path))
     monkeypatch.undo()
     return a
