@@ -127,3 +127,45 @@ def test_lookup_fn_returns_the_invalid_counts_on_request():
     np.testing.assert_array_equal(np.asarray(out.overflow), np.asarray(overflow))
     for name in outputs:
         np.testing.assert_array_equal(np.asarray(out.outputs[name]), np.asarray(outputs[name]))
+
+
+def _full_batch(config, dtype, seed=4):
+    """Every slot a valid id (unsigned types cannot hold the -1 padding), ids and lengths of
+    `dtype`, through the plain constructor (no host checks)."""
+    rng = np.random.default_rng(seed)
+    vocab = {"a": VOCAB_A, "n": VOCAB_N}
+    ids = {
+        f.name: rng.integers(0, vocab[f.table], (B, f.max_hotness)).astype(dtype)
+        for f in config.features
+    }
+    lengths = {n: np.full(B, v.shape[1], dtype) for n, v in ids.items()}
+    return SparseFeatures(ids, lengths)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.uint8, np.uint16])
+def test_a_hand_built_batch_of_narrow_ids_runs_as_its_int32_twin(dtype):
+    config, plan = _config("ub"), _plan("ub")
+    colls = [
+        EmbeddingCollection(
+            config, plan, plan.make_mesh(), rngs=nnx.Rngs(0), optimizer=O.SGD(learning_rate=0.5)
+        )
+        for _ in range(2)
+    ]
+    narrow, wide = _full_batch(config, dtype), _full_batch(config, np.int32)
+    results = [c.lookup(c.shard_batch(b)) for c, b in zip(colls, (narrow, wide), strict=True)]
+    for name, out in results[1].outputs.items():
+        np.testing.assert_array_equal(np.asarray(results[0].outputs[name]), np.asarray(out))
+    assert all(int(v) == 0 for r in results for v in r.invalid.values())
+    grads = {k: jnp.ones_like(v) for k, v in results[1].outputs.items()}
+    for c, r, b in zip(colls, results, (narrow, wide), strict=True):
+        c.apply_gradients(r, grads, b)
+    for name, t in colls[1].full_tables().items():
+        np.testing.assert_array_equal(colls[0].full_tables()[name], t)
+
+
+def test_a_hand_built_batch_of_uint32_ids_is_refused_by_name():
+    config, plan = _config("ub"), _plan("ub")
+    coll = EmbeddingCollection(config, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
+    batch = _full_batch(config, np.uint32)
+    with pytest.raises(ValueError, match=r"^feature '\w+': ids: uint32 ids would wrap"):
+        coll.lookup(coll.shard_batch(batch))

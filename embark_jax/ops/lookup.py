@@ -10,8 +10,8 @@ import jax.numpy as jnp
 
 from embark_jax.core.specs import Combiner
 from embark_jax.ops import _ffi, reference
-from embark_jax.ops._ids import as_ids
 from embark_jax.ops.backend import Backend, resolve
+from embark_jax.ops.ids import as_ids
 
 __all__ = ["lookup_pool", "lookup_pool_backward", "unique"]
 
@@ -46,7 +46,7 @@ def lookup_pool(
     Arguments:
       table: `[V, D]` float32 or bfloat16 (the kernels; other float types, e.g. float16 or
         float64, run on the `jnp` reference).
-      ids: `[N]` int32/int64 (narrower integer types are widened: `ops._ids`); ids outside
+      ids: `[N]` int32/int64 (narrower integer types are widened: `ops.ids`); ids outside
         `[0, V)` are padding.
       segment_ids: `[N]` bag of each id (sorted ascending is fastest); ignored for `none`.
       num_segments: number of bags S (an int >= 0).

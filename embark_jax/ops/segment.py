@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from embark_jax.ops import _ffi, reference
-from embark_jax.ops._ids import as_ids
 from embark_jax.ops.backend import Backend, resolve
+from embark_jax.ops.ids import as_ids
 
 __all__ = ["segment_sum"]
 

@@ -15,6 +15,10 @@ TorchRec's bounds-check modes:
   beside the overflow counts; `OverflowPolicy.ERROR` turns a non-zero count into an
   `InvalidIdError` (see `embark_jax.sharding.collection`).
 
+Ids of a narrower integer type (int8, int16, uint8, uint16; a hand-built batch) are widened
+to int32 first, by the ops' rule (`embark_jax.ops.ids`); uint32 ids (without
+`jax_enable_x64`) and uint64 ids are refused with the feature's name, as they could wrap.
+
 Runs per device inside `shard_map`: one compare and select per id slot.
 """
 
@@ -27,6 +31,7 @@ import jax.numpy as jnp
 
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import PAD, SparseFeatures
+from embark_jax.ops.ids import widen_ids
 
 __all__ = ["bounds_check", "invalid_mask"]
 
@@ -49,7 +54,7 @@ def bounds_check(
     ids, lengths, weights = {}, {}, {}
     for name in batch.feature_names:
         table = config.table_by_name[config.feature_by_name[name].table]
-        x = jnp.asarray(batch.ids[name])
+        x = widen_ids(f"feature {name!r}: ids", jnp.asarray(batch.ids[name]))
         bad = invalid_mask(x, table.vocab_size)
         ids[name] = jnp.where(bad, jnp.asarray(PAD, x.dtype), x)
         n_bad = jnp.sum(bad, axis=-1, dtype=jnp.int32)

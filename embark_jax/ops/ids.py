@@ -7,7 +7,8 @@ uint16) are widened to int32, which holds every value they can hold. An unsigned
 values fit the ids JAX can hold (int32 with 64-bit types off, int64 with them on). Anything
 else is refused with the field and the type or value: wrapping would turn a large id into a
 negative one (padding) or into another row. Bool and float arrays are refused, as are
-arrays that are not 1-D or not of the expected length.
+arrays that are not 1-D or not of the expected length (`as_ids`). The collection's batches
+take the same dtype rule for their `[B, H]` ids (`widen_ids`, in `sharding.bounds`).
 """
 
 from __future__ import annotations
@@ -72,10 +73,17 @@ def as_ids(name: str, ids, n: int | None = None) -> jax.Array:
         raise ValueError(f"{name} must be integers, got {dt}")
     if ids.ndim != 1 or (n is not None and ids.shape[0] != n):
         raise ValueError(f"{name}: expected a 1-D array of {n or 'N'} ids, got shape {ids.shape}")
-    ids = jnp.asarray(ids)
+    return widen_ids(name, jnp.asarray(ids))
+
+
+def widen_ids(name: str, ids: jax.Array) -> jax.Array:
+    """A JAX integer array of ids (any shape, traced or not) as int32 or int64 by the rule
+    above, or a one-line `ValueError` that starts with `name` where it would wrap."""
     dt = ids.dtype
     if dt in (jnp.int32, jnp.int64):
         return ids
+    if not jnp.issubdtype(dt, jnp.integer):
+        raise ValueError(f"{name} must be integers, got {dt}")
     if dt.itemsize < 4:  # int8, int16, uint8, uint16: every value fits int32
         return ids.astype(jnp.int32)
     if dt == jnp.uint32 and jax.config.jax_enable_x64:
