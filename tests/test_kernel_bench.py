@@ -120,6 +120,35 @@ def test_ratio_table_rows_geomean_and_missing_torch():
     assert "vs torch" not in no_torch and "torch: not measured (ImportError: x)" in no_torch
 
 
+def test_floor_split_is_each_librarys_call_of_one_id_and_the_rows_above_it():
+    def point(p, times):
+        recs = {
+            op: report.op_record(op, 10**6, {k: report.summarize(v, 1e6) for k, v in libs.items()})
+            for op, libs in times.items()
+        }
+        return {"point": p.to_json(), **recs}
+
+    one, shape = P.FLOOR_POINTS
+    result = {
+        "ops": ["forward", "forward_bf16"],
+        "points": [
+            point(one, {"forward": {"embark": [6e-6, 5e-6], "torch": [3e-6, 4e-6]}}),
+            point(shape, {"forward": {"embark": [25e-6], "torch": [21e-6, 22e-6]}}),
+        ],
+    }
+    split = report.floor_split(result)
+    assert split["forward_bf16"] == {}  # not measured: no rows
+    got = {lib: {k: round(v, 6) for k, v in r.items()} for lib, r in split["forward"].items()}
+    assert got == {
+        "embark": {"call_us": 5.0, "shape_us": 25.0, "rows_us": 20.0},
+        "torch": {"call_us": 3.0, "shape_us": 21.0, "rows_us": 18.0},
+    }
+    result["floor"] = split
+    text = report.tables(result)
+    assert "| forward | embark | 5.0 | 25.0 | 20.0 |" in text
+    assert "1024 × 8 × 64, 100k uniform: us" in text
+
+
 def test_samples_are_checked_against_the_reference():
     ref = np.array([1.0, 2.0])
     out = bench.check_samples("forward", {"a": ref + 1e-6, "b": ref + 1.0, "c": ref[:1]}, ref)
@@ -214,6 +243,14 @@ def test_modes_pick_points_ops_and_repeats(monkeypatch, tmp_path):
         kernels_main(["--quick", "--ops", "nope", *out])
     with pytest.raises(SystemExit):
         kernels_main(["--quick", "--libs", "xla,torch", *out])
+    with pytest.raises(SystemExit, match="disagrees"):  # the fake run's later checks fail
+        kernels_main(["--floor", "--libs", "embark,torch", *out])
+    points, _, kw = calls[-1]
+    assert points == P.FLOOR_POINTS and kw["ops"] == P.FLOOR_OPS and kw["floor"] is True
+    assert calls[0][2]["floor"] is False
+    for mode in ("--quick", "--gpu-quick"):
+        with pytest.raises(SystemExit):
+            kernels_main(["--floor", mode, *out])
 
 
 def test_only_a_full_run_writes_results_kernels_json_by_default(monkeypatch, tmp_path):
@@ -229,6 +266,7 @@ def test_only_a_full_run_writes_results_kernels_json_by_default(monkeypatch, tmp
         ["--ops", "forward"],
         ["--libs", "embark,torch"],
         ["--gpu-quick"],
+        ["--floor"],
     ):
         kernels_main(argv)
     assert outs == [
@@ -237,6 +275,7 @@ def test_only_a_full_run_writes_results_kernels_json_by_default(monkeypatch, tmp
         "results/kernels_partial.json",
         "results/kernels_partial.json",
         "results/kernels_partial.json",
+        "results/kernels_floor.json",
     ]
 
 

@@ -39,6 +39,8 @@ JSON (`--out`, default results/kernels.json; rewritten after every point), schem
       ffi_s, ffi_GBps, xla_s, xla_GBps, torch_s, torch_GBps, speedup (XLA / ours),
       fraction_of_copy                     # flat keys at the min, as older readers expect
     }}]
+  floor (--floor only): {OP: {IMPL: {call_us, shape_us, rows_us}}}: at the min, a call of one
+    id, of the small shape, and their difference (`report.floor_split`)
 
 Threads: see `worker.py` (XLA's intra-op pool follows the CPU affinity; torch gets
 `set_num_threads`). The shared 2-core machines are noisy: compare ratios, read min and median.
@@ -149,6 +151,7 @@ class Settings:
     ops: tuple[str, ...] = P.OPS
     libs: tuple[str, ...] = LIBS
     copy_nbytes: int = 1 << 28
+    floor: bool = False  # the points are FLOOR_POINTS: add the per-call floor split
 
 
 def start_workers(s: Settings) -> tuple[list[Worker], dict, dict]:
@@ -310,6 +313,8 @@ def run(points=DEFAULT_POINTS, repeats: int = 7, out: str | None = None, **kw) -
         for w in workers:
             w.close()
     result["machine"]["loadavg_end"] = list(os.getloadavg())
+    if s.floor:
+        result["floor"] = report.floor_split(result)
     print("\n" + report.tables(result) + "\n", flush=True)
     _write(result, out)
     return result

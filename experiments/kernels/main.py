@@ -4,10 +4,14 @@
   python -m experiments.kernels.main --quick              # one tiny point (seconds)
   python -m experiments.kernels.main --gpu-quick          # GPU check: forward + backward, 3 reps
   python -m experiments.kernels.main --ops forward --libs embark,torch --repeats 15
+  python -m experiments.kernels.main --floor --libs embark,torch --repeats 40
+                                                          # one id vs 1024 x 8 x 64: the fixed
+                                                          # price of a call, and the rows'
 
 Only a full run (every op, the 5 points) writes `results/kernels.json` unless `--out` says
-otherwise: a quick run writes `results/kernels_quick.json` and a run of some ops or libraries
-`results/kernels_partial.json`, so a smoke test never replaces the full results.
+otherwise: a quick run writes `results/kernels_quick.json`, a `--floor` run
+`results/kernels_floor.json` and a run of some ops or libraries `results/kernels_partial.json`,
+so a smoke test never replaces the full results.
 
 torch is measured when installed (`pip install -e .[bench]`); without it its column is left
 out and the run still exits 0. Exit status 1 when a library's output disagrees with the
@@ -21,10 +25,12 @@ from experiments.kernels import bench
 from experiments.kernels import points as P
 
 
-def default_out(quick: bool, partial: bool) -> str:
+def default_out(quick: bool, partial: bool, floor: bool = False) -> str:
     """Where a run writes without --out: only a full run replaces results/kernels.json."""
     if quick:
         return "results/kernels_quick.json"
+    if floor:
+        return "results/kernels_floor.json"
     return "results/kernels_partial.json" if partial else "results/kernels.json"
 
 
@@ -49,9 +55,17 @@ def main(argv=None):
         help="the production points, forward and backward ops, at most 3 repeats (the GPU "
         "check's time-boxed mode)",
     )
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="one id, then 1024 x 8 x 64: each library's fixed price per call and what the "
+        "shape's rows cost above it (forward ops by default)",
+    )
     args = ap.parse_args(argv)
-    points = P.QUICK_POINTS if args.quick else P.DEFAULT_POINTS
-    ops = P.GPU_QUICK_OPS if args.gpu_quick else P.OPS
+    if args.floor and (args.quick or args.gpu_quick):
+        ap.error("--floor runs its own points: not with --quick or --gpu-quick")
+    points = P.QUICK_POINTS if args.quick else P.FLOOR_POINTS if args.floor else P.DEFAULT_POINTS
+    ops = P.GPU_QUICK_OPS if args.gpu_quick else P.FLOOR_OPS if args.floor else P.OPS
     if args.ops:
         ops = tuple(args.ops.split(","))
         unknown = set(ops) - set(P.OPS)
@@ -61,7 +75,8 @@ def main(argv=None):
     if "embark" not in libs or set(libs) - set(bench.LIBS):
         ap.error(f"--libs: embark and any of {', '.join(bench.LIBS[1:])}")
     repeats = min(args.repeats, 3) if args.gpu_quick else args.repeats
-    args.out = args.out or default_out(args.quick, ops != P.OPS or set(libs) != set(bench.LIBS))
+    partial = ops != P.OPS or set(libs) != set(bench.LIBS)
+    args.out = args.out or default_out(args.quick, partial, args.floor)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     result = bench.run(
         points,
@@ -74,6 +89,7 @@ def main(argv=None):
         ops=ops,
         libs=libs,
         copy_nbytes=1 << 24 if args.quick else 1 << 28,
+        floor=args.floor,
     )
     print(f"wrote {args.out}")
     if not result["checks_ok"]:

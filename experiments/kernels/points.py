@@ -63,6 +63,11 @@ DEFAULT_POINTS = [
     Point(8192, 32, 128, 2_000_000, "zipf"),
 ]
 QUICK_POINTS = [Point(256, 4, 16, 5000, "zipf")]
+# --floor: a bag of one id on the small shape's table, then the small shape. A library's time
+# on the first is its fixed price per call (dispatch, output allocation, kernel setup) with
+# almost no rows; the second minus the first is what that shape's 8192 rows cost it.
+FLOOR_POINTS = [Point(1, 1, 64, 100_000, "uniform"), Point(1024, 8, 64, 100_000, "uniform")]
+FLOOR_OPS = ("forward", "forward_bf16")
 
 # The ops in the order they run and print. `forward` (fp32 sum pooling) is the headline.
 OPS = (

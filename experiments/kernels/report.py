@@ -125,14 +125,45 @@ def ratio_table(op: str, rows: list[tuple[str, dict]], absent: dict[str, str] | 
 
 
 def tables(result: dict) -> str:
-    """Every op's table, the headline (fp32 forward) first."""
+    """Every op's table, the headline (fp32 forward) first; a `--floor` run's split last."""
     absent = {k: v for k, v in result.get("unavailable", {}).items()}
     out = []
     for op in result.get("ops", P.OPS):
         rows = [(_label(pt), pt[op]) for pt in result["points"] if op in pt]
         if rows:
             out.append(ratio_table(op, rows, absent if op == "forward" else None))
+    if "floor" in result:
+        out.append(floor_table(result["floor"], _label(result["points"][-1])))
     return "\n\n".join(out)
+
+
+def floor_split(result: dict) -> dict:
+    """A `--floor` run (points: one id, then a shape): per op and library, at the min, the
+    time of a call of one id (`call_us`: the fixed price per call), of the shape (`shape_us`)
+    and their difference (`rows_us`: what the shape's rows cost above that price)."""
+    first, shape = result["points"][0], result["points"][-1]
+    split = {}
+    for op in result.get("ops", P.OPS):
+        libs = {}
+        for lib, one in first.get(op, {}).get("libs", {}).items():
+            full = shape.get(op, {}).get("libs", {}).get(lib)
+            if full:
+                call, whole = one["min_s"] * 1e6, full["min_s"] * 1e6
+                libs[lib] = {"call_us": call, "shape_us": whole, "rows_us": whole - call}
+        split[op] = libs
+    return split
+
+
+def floor_table(split: dict, shape_label: str) -> str:
+    """`floor_split` as a table: one row per op and library, in microseconds at the min."""
+    head = ["op", "library", "one id: us", f"{shape_label}: us", "difference (its rows): us"]
+    lines = ["### per-call floor (min)", "", "| " + " | ".join(head) + " |"]
+    lines.append("|" + "---|" * len(head))
+    for op, libs in split.items():
+        for lib, r in libs.items():
+            cells = [op, lib, *(f"{r[k]:.1f}" for k in ("call_us", "shape_us", "rows_us"))]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _label(pt: dict) -> str:
