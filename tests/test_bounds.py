@@ -3,6 +3,8 @@ config may hold ids outside their table. In every cluster they must be dropped l
 padding, counted per table, raise under the error policy, and never read or update the
 rows of a table stacked beside theirs in the same buffer."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -142,8 +144,12 @@ def _full_batch(config, dtype, seed=4):
     return SparseFeatures(ids, lengths)
 
 
-@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.uint8, np.uint16])
-def test_a_hand_built_batch_of_narrow_ids_runs_as_its_int32_twin(dtype):
+# host (numpy) ids of every integer type: narrow ones are widened on the device, wide and
+# unsigned ones converted by value on the host (`bounds.host_batch`)
+@pytest.mark.parametrize(
+    "dtype", [np.int8, np.int16, np.uint8, np.uint16, np.uint32, np.uint64, np.int64]
+)
+def test_a_hand_built_batch_of_other_integer_ids_runs_as_its_int32_twin(dtype):
     config, plan = _config("ub"), _plan("ub")
     colls = [
         EmbeddingCollection(
@@ -151,21 +157,97 @@ def test_a_hand_built_batch_of_narrow_ids_runs_as_its_int32_twin(dtype):
         )
         for _ in range(2)
     ]
-    narrow, wide = _full_batch(config, dtype), _full_batch(config, np.int32)
-    results = [c.lookup(c.shard_batch(b)) for c, b in zip(colls, (narrow, wide), strict=True)]
+    other, wide = _full_batch(config, dtype), _full_batch(config, np.int32)
+    results = [c.lookup(c.shard_batch(b)) for c, b in zip(colls, (other, wide), strict=True)]
     for name, out in results[1].outputs.items():
         np.testing.assert_array_equal(np.asarray(results[0].outputs[name]), np.asarray(out))
     assert all(int(v) == 0 for r in results for v in r.invalid.values())
     grads = {k: jnp.ones_like(v) for k, v in results[1].outputs.items()}
-    for c, r, b in zip(colls, results, (narrow, wide), strict=True):
+    for c, r, b in zip(colls, results, (other, wide), strict=True):
         c.apply_gradients(r, grads, b)
     for name, t in colls[1].full_tables().items():
         np.testing.assert_array_equal(colls[0].full_tables()[name], t)
 
 
-def test_a_hand_built_batch_of_uint32_ids_is_refused_by_name():
+def test_ids_that_would_wrap_are_refused_by_feature_before_any_device_sees_them():
+    """Before: JAX wrapped a host int64 id of 2**32 + 5 to row 5 (64-bit types off), which
+    the device check took for a valid id: row 5 was read and updated, nothing counted."""
+    config, plan = _config("ub"), _plan("ub")
+    coll = EmbeddingCollection(
+        config, plan, plan.make_mesh(), rngs=nnx.Rngs(0), optimizer=O.SGD(learning_rate=0.5)
+    )
+    host = _full_batch(config, np.int64)
+    host.ids["fa"][3, 1] = 2**32 + 5
+    for call in (coll.shard_batch, coll.lookup):
+        with pytest.raises(ValueError, match=r"^feature 'fa': ids: id 4294967301 is outside int32"):
+            call(host)
+    res = coll.lookup(coll.shard_batch(_full_batch(config, np.int64)))
+    grads = {k: jnp.ones_like(v) for k, v in res.outputs.items()}
+    with pytest.raises(ValueError, match=r"^feature 'fa': ids: id 4294967301"):
+        coll.apply_gradients(res, grads, host)
+    on_device = _full_batch(config, np.uint32)
+    on_device.ids["fa"] = jnp.asarray(on_device.ids["fa"])  # a uint32 device array
+    with pytest.raises(ValueError, match=r"^feature 'fa': ids: uint32 ids would wrap"):
+        coll.lookup(on_device)
+
+
+def test_a_hand_built_batch_out_of_layout_gets_one_line_naming_the_feature():
     config, plan = _config("ub"), _plan("ub")
     coll = EmbeddingCollection(config, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
-    batch = _full_batch(config, np.uint32)
-    with pytest.raises(ValueError, match=r"^feature '\w+': ids: uint32 ids would wrap"):
-        coll.lookup(coll.shard_batch(batch))
+
+    def broken(**change):
+        good = _full_batch(config, np.int32)
+        ids, lengths = dict(good.ids), dict(good.lengths)
+        for key, value in change.items():
+            kind, name = key.split("__")
+            {"ids": ids, "lengths": lengths}[kind][name] = value
+        return SparseFeatures(ids, {k: v for k, v in lengths.items() if v is not None})
+
+    cases = {
+        r"feature 'fa': ids must be \[B, H\], got shape \(16,\)": broken(
+            ids__fa=np.zeros(B, np.int32)
+        ),
+        r"feature 'fa': lengths missing": broken(lengths__fa=None),
+        r"feature 'fa': lengths shape \(17,\) != \(16,\)": broken(
+            lengths__fa=np.zeros(B + 1, np.int32)
+        ),
+        r"feature 'fa': lengths must be integers, got dtype bool": broken(
+            lengths__fa=np.ones(B, bool)
+        ),
+        r"batch size 12 is not divisible by the 8 devices": SparseFeatures(
+            {n: np.asarray(v)[:12] for n, v in _full_batch(config, np.int32).ids.items()},
+            {n: np.asarray(v)[:12] for n, v in _full_batch(config, np.int32).lengths.items()},
+        ),
+    }
+    for message, batch in cases.items():
+        for call in (coll.shard_batch, coll.lookup):
+            with pytest.raises(ValueError, match=message):
+                call(batch)
+    weighted = _full_batch(config, np.int32)
+    weighted.weights["fa"] = np.ones((B, 2), np.float32)
+    with pytest.raises(
+        ValueError, match=r"feature 'fa': weights shape \(16, 2\) != the ids' \(16, 3\)"
+    ):
+        coll.lookup(weighted)
+
+
+def test_with_64_bit_types_uint32_ids_are_widened_and_nothing_is_cast_unsafely():
+    """Before: every lookup under `jax_enable_x64` warned (FutureWarning, to become an
+    error) that the invalid count was scattered from int64 into int32."""
+    x64 = jax.enable_x64(True) if hasattr(jax, "enable_x64") else jax.experimental.enable_x64()
+    with x64, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config, plan = _config("ub"), _plan("ub")
+        coll = EmbeddingCollection(config, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
+        on_device = _full_batch(config, np.uint32)
+        on_device = SparseFeatures(
+            {k: jnp.asarray(v) for k, v in on_device.ids.items()}, on_device.lengths
+        )
+        outs = [
+            coll.lookup(b).outputs
+            for b in (_full_batch(config, np.int32), _full_batch(config, np.uint32), on_device)
+        ]
+    assert on_device.ids["fa"].dtype == jnp.uint32
+    for name, want in outs[0].items():
+        for other in outs[1:]:
+            np.testing.assert_array_equal(np.asarray(other[name]), np.asarray(want))

@@ -38,7 +38,9 @@ class SparseFeatures:
     """Sparse features of one batch; a JAX pytree (see the module docstring for the layout).
 
     Build it with `from_dense`, `from_ragged` or `from_lengths`; the plain constructor does
-    no validation (JAX uses it to rebuild the pytree).
+    no validation (JAX uses it to rebuild the pytree). `EmbeddingCollection` checks such a
+    hand-built batch's layout (`check_layout`) and the types of its host ids before it
+    reaches a device, and drops ids outside their table there (`sharding.bounds`).
     """
 
     ids: Mapping[str, jax.Array | np.ndarray]
@@ -228,6 +230,41 @@ class SparseFeatures:
                 w = np.asarray(self.weights[name])
                 out_w[name] = [w[b, : lens[b]] for b in range(ids.shape[0])]
         return out_ids, out_w
+
+    def check_layout(self) -> None:
+        """The layout's shapes, without reading a value (host arrays or tracers; for a
+        hand-built batch): per feature `[B, H]` ids, `[B]` integer lengths and weights
+        shaped like the ids, one B for every feature; a one-line `ValueError` naming the
+        feature otherwise. `validate` checks the values too."""
+        if not self.ids:
+            raise ValueError("no features given")
+        for kind, given in (("lengths", self.lengths), ("weights", self.weights)):
+            unknown = sorted(set(given) - set(self.ids))
+            if unknown:
+                raise ValueError(f"{kind} given for features without ids: {unknown}")
+        batch = None
+        for name, ids in self.ids.items():
+            shape = tuple(np.shape(ids))
+            if len(shape) != 2:
+                raise ValueError(f"feature {name!r}: ids must be [B, H], got shape {shape}")
+            batch = _check_batch(name, shape[0], batch)
+            if name not in self.lengths:
+                raise ValueError(f"feature {name!r}: lengths missing (ids given, no lengths)")
+            lengths = self.lengths[name]
+            dt = getattr(lengths, "dtype", None)  # a tracer's too (never its values)
+            dt = np.asarray(lengths).dtype if dt is None else np.dtype(dt)
+            if dt == np.bool_ or not np.issubdtype(dt, np.integer):
+                raise ValueError(f"feature {name!r}: lengths must be integers, got dtype {dt}")
+            if tuple(np.shape(lengths)) != shape[:1]:
+                raise ValueError(
+                    f"feature {name!r}: lengths shape {tuple(np.shape(lengths))} != "
+                    f"({shape[0]},), one per sample"
+                )
+            if name in self.weights and tuple(np.shape(self.weights[name])) != shape:
+                raise ValueError(
+                    f"feature {name!r}: weights shape {tuple(np.shape(self.weights[name]))} "
+                    f"!= the ids' {shape}"
+                )
 
     def validate(self, config: EmbeddingConfig) -> None:
         """Re-runs the host-side checks against `config` (e.g. for a hand-built batch): the

@@ -8,7 +8,7 @@ values fit the ids JAX can hold (int32 with 64-bit types off, int64 with them on
 else is refused with the field and the type or value: wrapping would turn a large id into a
 negative one (padding) or into another row. Bool and float arrays are refused, as are
 arrays that are not 1-D or not of the expected length (`as_ids`). The collection's batches
-take the same dtype rule for their `[B, H]` ids (`widen_ids`, in `sharding.bounds`).
+take the same rules for their `[B, H]` ids (`host_ids` and `widen_ids`, in `sharding.bounds`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _host_ids(name: str, ids: np.ndarray) -> np.ndarray:
-    """A host integer array as int32 or int64 by value (refused where a value does not fit)."""
+def host_ids(name: str, ids: np.ndarray) -> np.ndarray:
+    """A host integer array (any shape) as int32 or int64 by value, a narrow one as it is
+    (widened on the device); a one-line `ValueError` where a value does not fit."""
     target = np.dtype(np.int64 if jax.config.jax_enable_x64 else np.int32)
     size, signed = ids.dtype.itemsize, ids.dtype.kind == "i"
     if size < 4 or (signed and size <= target.itemsize):
@@ -65,7 +66,7 @@ def as_ids(name: str, ids, n: int | None = None) -> jax.Array:
     if not isinstance(ids, (jax.Array, np.ndarray)):
         ids = _as_array(ids)
     if isinstance(ids, np.ndarray) and ids.dtype.kind in "iu":
-        ids = _host_ids(name, ids)
+        ids = host_ids(name, ids)
     dt = ids.dtype
     if dt == np.dtype(object):
         raise ValueError(f"{name}: a value is not an integer in int64's range")

@@ -15,9 +15,14 @@ TorchRec's bounds-check modes:
   beside the overflow counts; `OverflowPolicy.ERROR` turns a non-zero count into an
   `InvalidIdError` (see `embark_jax.sharding.collection`).
 
-Ids of a narrower integer type (int8, int16, uint8, uint16; a hand-built batch) are widened
-to int32 first, by the ops' rule (`embark_jax.ops.ids`); uint32 ids (without
-`jax_enable_x64`) and uint64 ids are refused with the feature's name, as they could wrap.
+A hand-built batch takes the ops' id rules (`embark_jax.ops.ids`) too. On the host, before
+it reaches a device (`host_batch`: `EmbeddingCollection.shard_batch`, `lookup`,
+`apply_gradients`), its layout is checked and its numpy ids of a type JAX does not hold
+(int64 or unsigned 32/64-bit with 64-bit types off) are converted by value, or refused with
+the feature's name and the id: JAX itself would wrap an int64 id of 2**32 + 5 to row 5,
+which this check could not tell from a valid id. On the device, ids of a narrower type
+(int8, int16, uint8, uint16) are widened to int32, and uint32 ids without `jax_enable_x64`
+and uint64 ids are refused, as they could wrap.
 
 Runs per device inside `shard_map`: one compare and select per id slot.
 """
@@ -28,12 +33,27 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import PAD, SparseFeatures
-from embark_jax.ops.ids import widen_ids
+from embark_jax.ops.ids import host_ids, widen_ids
 
-__all__ = ["bounds_check", "invalid_mask"]
+__all__ = ["bounds_check", "host_batch", "invalid_mask"]
+
+
+def host_batch(batch: SparseFeatures) -> SparseFeatures:
+    """`batch` with its layout checked and its host ids converted by value (`host_ids`);
+    device arrays and ids JAX holds as they are."""
+    batch.check_layout()
+    ids = {}
+    for name, x in batch.ids.items():
+        if not isinstance(x, jax.Array):
+            x = np.asarray(x)
+            if x.dtype.kind in "iu":
+                x = host_ids(f"feature {name!r}: ids", x)
+        ids[name] = x
+    return SparseFeatures(ids, batch.lengths, batch.weights)
 
 
 def invalid_mask(ids: jax.Array, vocab_size: int) -> jax.Array:
@@ -64,5 +84,5 @@ def bounds_check(
         if name in batch.weights:
             w = jnp.asarray(batch.weights[name])
             weights[name] = jnp.where(bad, jnp.zeros((), w.dtype), w)
-        counts = counts.at[index[table.name]].add(jnp.sum(n_bad))
+        counts = counts.at[index[table.name]].add(jnp.sum(n_bad, dtype=jnp.int32))
     return SparseFeatures(ids, lengths, weights), counts

@@ -26,7 +26,7 @@ from embark_jax.core.plan import Plan
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import SparseFeatures
 from embark_jax.ops.optimizers import SparseOptimizer, rounding_seed
-from embark_jax.sharding.bounds import bounds_check
+from embark_jax.sharding.bounds import bounds_check, host_batch
 from embark_jax.sharding.checks import (
     CapacityOverflowError,
     InvalidIdError,
@@ -96,21 +96,31 @@ def _clusters(
 
 
 def _clusters_for(lowered: Lowered, batch: SparseFeatures, options: RuntimeOptions):
-    g = lowered.num_devices
-    b = batch.batch_size
-    if b % g:
-        raise ValueError(f"batch size {b} is not divisible by the {g} devices of the plan")
+    _check_batch(lowered, batch)
     hot = tuple(sorted((n, batch.hotness(n)) for n in batch.feature_names))
-    return _clusters(lowered, b // g, hot, options)
+    return _clusters(lowered, batch.batch_size // lowered.num_devices, hot, options)
 
 
 def _check_batch(lowered: Lowered, batch: SparseFeatures) -> None:
+    """The batch's features are the collection's, in the layout, and split over the plan's
+    devices (host arrays or tracers: shapes only)."""
     want = {f.name for f in lowered.config.features}
     got = set(batch.feature_names)
     if want != got:
         raise ValueError(
             f"batch features {sorted(got)} do not match the collection's {sorted(want)}"
         )
+    batch.check_layout()
+    g, b = lowered.num_devices, batch.batch_size
+    if b % g:
+        raise ValueError(f"batch size {b} is not divisible by the {g} devices of the plan")
+
+
+def _host(lowered: Lowered, batch: SparseFeatures) -> SparseFeatures:
+    """A batch given to a method, checked and its host ids converted before any device sees
+    it (`bounds.host_batch`)."""
+    _check_batch(lowered, batch)
+    return host_batch(batch)
 
 
 def lookup_fn(
@@ -132,7 +142,6 @@ def lookup_fn(
     `with_invalid` only decides whether their count is returned. Differentiable wrt
     `buffers`.
     """
-    _check_batch(lowered, batch)
     clusters = _clusters_for(lowered, batch, options)
     spec = lowered.spec
     names = [t.name for t in lowered.plan.tables]
@@ -333,11 +342,11 @@ class EmbeddingCollection(nnx.Module):
 
     def shard_batch(self, batch: SparseFeatures) -> SparseFeatures:
         """Places a host batch on the mesh, split by sample."""
-        return jax.device_put(batch, self.lowered.sharding(self.mesh))
+        return jax.device_put(_host(self.lowered, batch), self.lowered.sharding(self.mesh))
 
     def lookup(self, batch: SparseFeatures) -> LookupResult:
         """Outputs plus the routing residuals for `apply_gradients`, and overflow counts."""
-        _check_batch(self.lowered, batch)
+        batch = _host(self.lowered, batch)
         out = _jit_lookup(self.lowered, self.mesh, self.options)(self.buffer_values(), batch)
         tables = self.lowered.plan.tables
         counts = {t.name: out.overflow[i] for i, t in enumerate(tables)}
@@ -368,6 +377,7 @@ class EmbeddingCollection(nnx.Module):
                 "this collection has no sparse optimizer: give one at construction "
                 "or call reset_optimizer"
             )
+        batch = _host(self.lowered, batch)
         rounding = self.rounding.get_value()
         state = (self.buffer_values(), self.state_values(), result.residuals, dict(output_grads))
         new_b, new_s = _jit_apply(
