@@ -147,6 +147,7 @@ def test_floor_split_is_each_librarys_call_of_one_id_and_the_rows_above_it():
     text = report.tables(result)
     assert "| forward | embark | 5.0 | 25.0 | 20.0 |" in text
     assert "1024 × 8 × 64, 100k uniform: us" in text
+    assert "geometric mean" not in text  # not over a call of one id
 
 
 def test_samples_are_checked_against_the_reference():

@@ -49,6 +49,8 @@ def lookup_pool(
       ids: `[N]` int32/int64 (narrower integer types are widened: `ops.ids`); ids outside
         `[0, V)` are padding.
       segment_ids: `[N]` bag of each id (sorted ascending is fastest); ignored for `none`.
+        An id whose bag is outside `[0, S)` is dropped, as padding is (no output, no
+        gradient): shape checks only, since a value check would need the values on the host.
       num_segments: number of bags S (an int >= 0).
       weights: optional `[N]` per-id weights.
       combiner: `sum`, `mean`, `sqrtn` (output `[S, D]`) or `none` (output `[N, D]`).

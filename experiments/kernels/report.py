@@ -95,10 +95,16 @@ def table_columns(op: str, records: list[dict]) -> list[str]:
     return [k for k in (FUSED, *PEERS) if k in seen]
 
 
-def ratio_table(op: str, rows: list[tuple[str, dict]], absent: dict[str, str] | None = None) -> str:
+def ratio_table(
+    op: str,
+    rows: list[tuple[str, dict]],
+    absent: dict[str, str] | None = None,
+    with_geomean: bool = True,
+) -> str:
     """The issue's table for one op: one row per point (`label`, op record), ours in ms and
     GB/s, then `ours vs PEER` for each peer measured, each as min / median; a geometric-mean
-    row when there is more than one point. `absent`: peers not measured and why (a note)."""
+    row when there is more than one point (unless not `with_geomean`). `absent`: peers not
+    measured and why (a note)."""
     recs = [r for _, r in rows]
     cols = table_columns(op, recs)
     head = ["B × L × D, V", "ours ms (min / median)", "GB/s (min)"]
@@ -110,7 +116,7 @@ def ratio_table(op: str, rows: list[tuple[str, dict]], absent: dict[str, str] | 
         cells = [label, _pair(ms, ".3f"), f"{ours['GBps']:.2f}" if ours else "—"]
         cells += [_ratio_cell(rec["ratios"].get(c)) for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
-    if len(rows) > 1 and cols:
+    if with_geomean and len(rows) > 1 and cols:
         cells = ["geometric mean", "", ""]
         for c in cols:
             g = {
@@ -125,13 +131,15 @@ def ratio_table(op: str, rows: list[tuple[str, dict]], absent: dict[str, str] | 
 
 
 def tables(result: dict) -> str:
-    """Every op's table, the headline (fp32 forward) first; a `--floor` run's split last."""
+    """Every op's table, the headline (fp32 forward) first; a `--floor` run's split last (and
+    no geometric mean over its call of one id)."""
     absent = {k: v for k, v in result.get("unavailable", {}).items()}
     out = []
     for op in result.get("ops", P.OPS):
         rows = [(_label(pt), pt[op]) for pt in result["points"] if op in pt]
         if rows:
-            out.append(ratio_table(op, rows, absent if op == "forward" else None))
+            note = absent if op == "forward" else None
+            out.append(ratio_table(op, rows, note, with_geomean="floor" not in result))
     if "floor" in result:
         out.append(floor_table(result["floor"], _label(result["points"][-1])))
     return "\n\n".join(out)
