@@ -228,7 +228,7 @@ def test_a_hand_built_batch_out_of_layout_gets_one_line_naming_the_feature():
     with pytest.raises(
         ValueError, match=r"feature 'fa': weights shape \(16, 2\) != the ids' \(16, 3\)"
     ):
-        coll.lookup(weighted)
+        weighted.check_layout()  # no config: "fa" is not weighted in this one
 
 
 def test_with_64_bit_types_uint32_ids_are_widened_and_nothing_is_cast_unsafely():
@@ -251,3 +251,35 @@ def test_with_64_bit_types_uint32_ids_are_widened_and_nothing_is_cast_unsafely()
     for name, want in outs[0].items():
         for other in outs[1:]:
             np.testing.assert_array_equal(np.asarray(other[name]), np.asarray(want))
+
+
+def test_host_lists_are_arrays_and_bad_ones_get_one_line_naming_the_feature():
+    config, plan = _config("ub"), _plan("ub")
+    coll = EmbeddingCollection(config, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
+    good = _full_batch(config, np.int32)
+    as_lists = SparseFeatures(
+        {n: np.asarray(v).tolist() for n, v in good.ids.items()},
+        {n: np.asarray(v).tolist() for n, v in good.lengths.items()},
+    )
+    want, got = coll.lookup(good).outputs, coll.lookup(coll.shard_batch(as_lists)).outputs
+    for name in want:
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]))
+
+    def with_fa(ids_fa, **weights):
+        return SparseFeatures({**good.ids, "fa": ids_fa}, good.lengths, weights)
+
+    ragged = [[1, 2, 3]] * (B - 1) + [[1, 2]]
+    cases = {
+        r"^feature 'fa': ids: not a rectangular array of ids": with_fa(ragged),
+        r"^feature 'fa': ids: a value is not an integer in int64's range": with_fa(
+            [[2**70, 1, 2]] * B
+        ),
+        r"^feature 'fa': ids must be integers, got float": with_fa(np.ones((B, 3))),
+        r"^feature 'fa': weights given but the feature is not configured weighted=True": with_fa(
+            good.ids["fa"], fa=np.ones((B, 3), np.float32)
+        ),
+    }
+    for message, batch in cases.items():
+        for call in (coll.shard_batch, coll.lookup):
+            with pytest.raises(ValueError, match=message):
+                call(batch)

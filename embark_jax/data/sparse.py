@@ -205,10 +205,10 @@ class SparseFeatures:
     @property
     def batch_size(self) -> int:
         first = next(iter(self.lengths.values()))
-        return int(first.shape[0])
+        return int(np.shape(first)[0])
 
     def hotness(self, name: str) -> int:
-        return int(self.ids[name].shape[1])
+        return int(np.shape(self.ids[name])[1])
 
     def flat(self, name: str) -> tuple[jax.Array, jax.Array, jax.Array | None]:
         """`(ids [B*H], segment_ids [B*H], weights [B*H] or None)` for the ops in
@@ -231,17 +231,16 @@ class SparseFeatures:
                 out_w[name] = [w[b, : lens[b]] for b in range(ids.shape[0])]
         return out_ids, out_w
 
-    def check_layout(self) -> None:
-        """The layout's shapes, without reading a value (host arrays or tracers; for a
-        hand-built batch): per feature `[B, H]` ids, `[B]` integer lengths and weights
-        shaped like the ids, one B for every feature; a one-line `ValueError` naming the
+    def check_layout(self, config: EmbeddingConfig | None = None) -> None:
+        """The layout's shapes, without reading a value (arrays or tracers; for a hand-built
+        batch): per feature `[B, H]` ids, `[B]` integer lengths and weights shaped like the
+        ids, one B for every feature, and with `config` its features (weights only for
+        weighted ones) as the constructors want them; a one-line `ValueError` naming the
         feature otherwise. `validate` checks the values too."""
-        if not self.ids:
-            raise ValueError("no features given")
-        for kind, given in (("lengths", self.lengths), ("weights", self.weights)):
-            unknown = sorted(set(given) - set(self.ids))
-            if unknown:
-                raise ValueError(f"{kind} given for features without ids: {unknown}")
+        _check_names(self.ids, self.weights, config)
+        unknown = sorted(set(self.lengths) - set(self.ids))
+        if unknown:
+            raise ValueError(f"lengths given for features without ids: {unknown}")
         batch = None
         for name, ids in self.ids.items():
             shape = tuple(np.shape(ids))

@@ -8,7 +8,8 @@ values fit the ids JAX can hold (int32 with 64-bit types off, int64 with them on
 else is refused with the field and the type or value: wrapping would turn a large id into a
 negative one (padding) or into another row. Bool and float arrays are refused, as are
 arrays that are not 1-D or not of the expected length (`as_ids`). The collection's batches
-take the same rules for their `[B, H]` ids (`host_ids` and `widen_ids`, in `sharding.bounds`).
+take the same rules for their `[B, H]` ids (`host_id_array` and `widen_ids`, in
+`sharding.bounds`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,26 @@ def _as_array(ids):
         if all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
             return np.asarray(ids, dtype=object)  # e.g. [1, 2**63]: not a float array
     return out
+
+
+def host_id_array(name: str, ids):
+    """Ids of any shape given on the host (a numpy array, or a list: as `as_ids` reads one)
+    as a numpy int array by value (`host_ids`); a JAX array or tracer as it is (the device
+    rule, `widen_ids`, follows); a one-line `ValueError` that starts with `name` for a
+    ragged list, a value beyond int64 or a type that is not an integer."""
+    if isinstance(ids, jax.Array):
+        return ids
+    try:
+        ids = ids if isinstance(ids, np.ndarray) else _as_array(ids)
+    except ValueError as e:  # numpy: a ragged list
+        raise ValueError(f"{name}: not a rectangular array of ids ({e})") from None
+    if isinstance(ids, jax.Array):  # a list holding tracers
+        return ids
+    if ids.dtype == np.dtype(object):
+        raise ValueError(f"{name}: a value is not an integer in int64's range")
+    if ids.dtype.kind not in "iu":
+        raise ValueError(f"{name} must be integers, got {ids.dtype}")
+    return host_ids(name, ids)
 
 
 def as_ids(name: str, ids, n: int | None = None) -> jax.Array:

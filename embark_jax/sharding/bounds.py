@@ -37,23 +37,28 @@ import numpy as np
 
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import PAD, SparseFeatures
-from embark_jax.ops.ids import host_ids, widen_ids
+from embark_jax.ops.ids import host_id_array, widen_ids
 
 __all__ = ["bounds_check", "host_batch", "invalid_mask"]
 
 
-def host_batch(batch: SparseFeatures) -> SparseFeatures:
-    """`batch` with its layout checked and its host ids converted by value (`host_ids`);
-    device arrays and ids JAX holds as they are."""
-    batch.check_layout()
-    ids = {}
-    for name, x in batch.ids.items():
-        if not isinstance(x, jax.Array):
-            x = np.asarray(x)
-            if x.dtype.kind in "iu":
-                x = host_ids(f"feature {name!r}: ids", x)
-        ids[name] = x
-    return SparseFeatures(ids, batch.lengths, batch.weights)
+def host_batch(batch: SparseFeatures, config: EmbeddingConfig | None = None) -> SparseFeatures:
+    """`batch` as a device may take it: host ids converted by value (`host_id_array`),
+    host lengths and weights given as lists made arrays, then its layout checked (against
+    `config`'s features when given: `SparseFeatures.check_layout`). Device arrays, and
+    tracers under the caller's `jit`, are left as they are: JAX has already converted
+    those (with 64-bit types off it wraps a host int64 id at a `jit` boundary, before any
+    code of ours runs; place batches with `shard_batch` first)."""
+    ids = {n: host_id_array(f"feature {n!r}: ids", v) for n, v in batch.ids.items()}
+    lengths = {n: _host_array(v) for n, v in batch.lengths.items()}
+    weights = {n: _host_array(v) for n, v in batch.weights.items()}
+    out = SparseFeatures(ids, lengths, weights)
+    out.check_layout(config)
+    return out
+
+
+def _host_array(x):
+    return x if isinstance(x, (jax.Array, np.ndarray)) else np.asarray(x)
 
 
 def invalid_mask(ids: jax.Array, vocab_size: int) -> jax.Array:

@@ -104,23 +104,18 @@ def _clusters_for(lowered: Lowered, batch: SparseFeatures, options: RuntimeOptio
 def _check_batch(lowered: Lowered, batch: SparseFeatures) -> None:
     """The batch's features are the collection's, in the layout, and split over the plan's
     devices (host arrays or tracers: shapes only)."""
-    want = {f.name for f in lowered.config.features}
-    got = set(batch.feature_names)
-    if want != got:
-        raise ValueError(
-            f"batch features {sorted(got)} do not match the collection's {sorted(want)}"
-        )
-    batch.check_layout()
+    batch.check_layout(lowered.config)
     g, b = lowered.num_devices, batch.batch_size
     if b % g:
         raise ValueError(f"batch size {b} is not divisible by the {g} devices of the plan")
 
 
 def _host(lowered: Lowered, batch: SparseFeatures) -> SparseFeatures:
-    """A batch given to a method, checked and its host ids converted before any device sees
-    it (`bounds.host_batch`)."""
+    """A batch given to a method, its host ids converted and the batch checked before any
+    device sees it (`bounds.host_batch`)."""
+    batch = host_batch(batch, lowered.config)
     _check_batch(lowered, batch)
-    return host_batch(batch)
+    return batch
 
 
 def lookup_fn(

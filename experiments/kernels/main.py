@@ -38,7 +38,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--out", default=None, help="the JSON (default: see above)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="the JSON (default: results/kernels.json for a full run; kernels_quick.json, "
+        "kernels_floor.json or kernels_partial.json beside it for the others)",
+    )
     ap.add_argument("--repeats", type=int, default=7, help="timed repetitions per library")
     ap.add_argument("--reps-per-round", type=int, default=3, help="timed calls per turn")
     ap.add_argument(
