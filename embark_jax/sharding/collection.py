@@ -111,9 +111,9 @@ def _check_batch(lowered: Lowered, batch: SparseFeatures) -> None:
 
 
 def _host(lowered: Lowered, batch: SparseFeatures) -> SparseFeatures:
-    """A batch given to a method, its host ids converted and the batch checked before any
-    device sees it (`bounds.host_batch`)."""
-    batch = host_batch(batch, lowered.config)
+    """A batch given to a method, its host ids converted (`bounds.host_batch`) and the batch
+    checked before any device sees it."""
+    batch = host_batch(batch)
     _check_batch(lowered, batch)
     return batch
 
