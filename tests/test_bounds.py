@@ -283,3 +283,48 @@ def test_host_lists_are_arrays_and_bad_ones_get_one_line_naming_the_feature():
         for call in (coll.shard_batch, coll.lookup):
             with pytest.raises(ValueError, match=message):
                 call(batch)
+
+
+def test_nested_lists_of_tracers_ragged_fields_and_odd_weights():
+    config, plan = _config("ub"), _plan("ub")
+    coll = EmbeddingCollection(config, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
+    good = _full_batch(config, np.int32)
+    want = coll.lookup(good).outputs
+
+    @nnx.jit
+    def rows_as_lists(c, ids, lengths):  # lists of per-slot tracers, as a user may build them
+        listed = {
+            n: [[v[b, h] for h in range(v.shape[1])] for b in range(B)] for n, v in ids.items()
+        }
+        return c.lookup(
+            SparseFeatures(listed, {n: [x[b] for b in range(B)] for n, x in lengths.items()})
+        ).outputs
+
+    got = rows_as_lists(coll, dict(good.ids), dict(good.lengths))
+    for name in want:
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]))
+
+    def batch(**fa):
+        ids, lengths = dict(good.ids), dict(good.lengths)
+        ids.update({"fa": fa["ids"]} if "ids" in fa else {})
+        lengths.update({"fa": fa["lengths"]} if "lengths" in fa else {})
+        return SparseFeatures(ids, lengths, {"fa": fa["weights"]} if "weights" in fa else {})
+
+    cases = {
+        r"^feature 'fa': lengths: not a rectangular array": batch(
+            lengths=[[1]] * (B - 1) + [[1, 2]]
+        ),
+        r"^feature 'fa': weights: not a rectangular array": batch(
+            weights=[[1.0]] * (B - 1) + [[1.0, 2.0]]
+        ),
+        r"^feature 'fa': ids: a value is not an integer in int64's range": batch(
+            ids=[[1, 2, 2**63]] * B
+        ),
+    }
+    for message, b in cases.items():
+        with pytest.raises(ValueError, match=message):
+            coll.shard_batch(b)
+    for dtype in (np.complex64, np.bool_, np.str_):
+        odd = SparseFeatures(good.ids, good.lengths, {"fa": np.ones((B, 3), dtype)})
+        with pytest.raises(ValueError, match=r"^feature 'fa': weights must be numeric, got dtype"):
+            odd.check_layout()

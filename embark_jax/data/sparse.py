@@ -232,11 +232,12 @@ class SparseFeatures:
         return out_ids, out_w
 
     def check_layout(self, config: EmbeddingConfig | None = None) -> None:
-        """The layout's shapes, without reading a value (arrays or tracers; for a hand-built
-        batch): per feature `[B, H]` ids, `[B]` integer lengths and weights shaped like the
-        ids, one B for every feature, and with `config` its features (weights only for
-        weighted ones) as the constructors want them; a one-line `ValueError` naming the
-        feature otherwise. `validate` checks the values too."""
+        """The layout's shapes and types, without reading a value (arrays or tracers; for a
+        hand-built batch): per feature `[B, H]` ids, `[B]` integer lengths and numeric
+        weights shaped like the ids, one B for every feature; with `config`, every configured
+        feature and no other, and weights only for weighted ones. A one-line `ValueError`
+        naming the feature otherwise. H is not checked against `max_hotness`: the outputs
+        follow the ids' width. `validate` checks the values too."""
         _check_names(self.ids, self.weights, config)
         unknown = sorted(set(self.lengths) - set(self.ids))
         if unknown:
@@ -259,11 +260,14 @@ class SparseFeatures:
                     f"feature {name!r}: lengths shape {tuple(np.shape(lengths))} != "
                     f"({shape[0]},), one per sample"
                 )
-            if name in self.weights and tuple(np.shape(self.weights[name])) != shape:
-                raise ValueError(
-                    f"feature {name!r}: weights shape {tuple(np.shape(self.weights[name]))} "
-                    f"!= the ids' {shape}"
-                )
+            if name in self.weights:
+                w = self.weights[name]
+                dt = getattr(w, "dtype", None)
+                _check_weight_dtype(name, np.asarray(w).dtype if dt is None else np.dtype(dt))
+                if tuple(np.shape(w)) != shape:
+                    raise ValueError(
+                        f"feature {name!r}: weights shape {tuple(np.shape(w))} != the ids' {shape}"
+                    )
 
     def validate(self, config: EmbeddingConfig) -> None:
         """Re-runs the host-side checks against `config` (e.g. for a hand-built batch): the
@@ -343,10 +347,15 @@ def _as_int_array(name: str, raw) -> np.ndarray:
     return arr
 
 
+def _check_weight_dtype(name: str, dt: np.dtype) -> None:
+    """Weights are real numbers: a float or integer type (not bool, complex or text)."""
+    if not (np.issubdtype(dt, np.floating) or np.issubdtype(dt, np.integer)):
+        raise ValueError(f"feature {name!r}: weights must be numeric, got dtype {dt}")
+
+
 def _as_weight_array(name: str, raw, shape) -> np.ndarray:
     w = np.asarray(raw)
-    if not (np.issubdtype(w.dtype, np.floating) or np.issubdtype(w.dtype, np.integer)):
-        raise ValueError(f"feature {name!r}: weights must be numeric, got dtype {w.dtype}")
+    _check_weight_dtype(name, w.dtype)
     if w.shape != tuple(shape):
         raise ValueError(f"feature {name!r}: weights shape {w.shape} != ids shape {tuple(shape)}")
     return w.astype(np.float32)

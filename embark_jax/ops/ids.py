@@ -42,22 +42,30 @@ def host_ids(name: str, ids: np.ndarray) -> np.ndarray:
     return ids.astype(target)
 
 
+def holds_jax_arrays(x) -> bool:
+    """Whether a (nested) list or tuple holds a JAX array anywhere (a tracer under `jit`):
+    numpy cannot convert it, `jnp.asarray` can."""
+    return any(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(x))
+
+
 def _as_array(ids):
     """A Python list or tuple (or scalar) as an array: an empty one as int32 ids; one that
-    holds JAX arrays (tracers under `jit`) as a JAX array; else a numpy array, with Python
-    ints beyond int64 kept as objects (numpy would make them floats) to be refused by name."""
+    holds JAX arrays (tracers under `jit`), at any depth, as a JAX array; else a numpy array,
+    with Python ints beyond int64 kept as objects (numpy would make them floats) to be
+    refused by name."""
     if isinstance(ids, (list, tuple)):
         if len(ids) == 0:
             return np.zeros((0,), np.int32)
-        if any(isinstance(x, jax.Array) for x in ids):
+        if holds_jax_arrays(ids):
             return jnp.asarray(ids)
     try:
         out = np.asarray(ids)
     except OverflowError:
         return np.asarray(ids, dtype=object)
     if out.dtype.kind == "f" and isinstance(ids, (list, tuple)):
-        if all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
-            return np.asarray(ids, dtype=object)  # e.g. [1, 2**63]: not a float array
+        obj = np.asarray(ids, dtype=object)
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in obj.ravel()):
+            return obj  # e.g. [1, 2**63] or [[1, 2**63]]: not a float array
     return out
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import PAD, SparseFeatures
-from embark_jax.ops.ids import host_id_array, widen_ids
+from embark_jax.ops.ids import holds_jax_arrays, host_id_array, widen_ids
 
 __all__ = ["bounds_check", "host_batch", "invalid_mask"]
 
@@ -50,13 +50,22 @@ def host_batch(batch: SparseFeatures) -> SparseFeatures:
     batches with `shard_batch` first). The layout is the caller's to check next
     (`SparseFeatures.check_layout`)."""
     ids = {n: host_id_array(f"feature {n!r}: ids", v) for n, v in batch.ids.items()}
-    lengths = {n: _host_array(v) for n, v in batch.lengths.items()}
-    weights = {n: _host_array(v) for n, v in batch.weights.items()}
+    lengths = {n: _host_array(f"feature {n!r}: lengths", v) for n, v in batch.lengths.items()}
+    weights = {n: _host_array(f"feature {n!r}: weights", v) for n, v in batch.weights.items()}
     return SparseFeatures(ids, lengths, weights)
 
 
-def _host_array(x):
-    return x if isinstance(x, (jax.Array, np.ndarray)) else np.asarray(x)
+def _host_array(field: str, x):
+    """An array as it is; a (nested) list as a JAX array when it holds JAX arrays (tracers
+    under `jit`), else as a numpy array; a ragged one is refused naming `field`."""
+    if isinstance(x, (jax.Array, np.ndarray)):
+        return x
+    if holds_jax_arrays(x):
+        return jnp.asarray(x)
+    try:
+        return np.asarray(x)
+    except ValueError as e:  # numpy: a ragged list
+        raise ValueError(f"{field}: not a rectangular array ({e})") from None
 
 
 def invalid_mask(ids: jax.Array, vocab_size: int) -> jax.Array:
