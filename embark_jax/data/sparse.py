@@ -251,8 +251,7 @@ class SparseFeatures:
             if name not in self.lengths:
                 raise ValueError(f"feature {name!r}: lengths missing (ids given, no lengths)")
             lengths = self.lengths[name]
-            dt = getattr(lengths, "dtype", None)  # a tracer's too (never its values)
-            dt = np.asarray(lengths).dtype if dt is None else np.dtype(dt)
+            dt = _dtype_of(lengths)
             if dt == np.bool_ or not np.issubdtype(dt, np.integer):
                 raise ValueError(f"feature {name!r}: lengths must be integers, got dtype {dt}")
             if tuple(np.shape(lengths)) != shape[:1]:
@@ -262,8 +261,7 @@ class SparseFeatures:
                 )
             if name in self.weights:
                 w = self.weights[name]
-                dt = getattr(w, "dtype", None)
-                _check_weight_dtype(name, np.asarray(w).dtype if dt is None else np.dtype(dt))
+                _check_weight_dtype(name, _dtype_of(w))
                 if tuple(np.shape(w)) != shape:
                     raise ValueError(
                         f"feature {name!r}: weights shape {tuple(np.shape(w))} != the ids' {shape}"
@@ -345,6 +343,12 @@ def _as_int_array(name: str, raw) -> np.ndarray:
             raise ValueError(f"feature {name!r}: id {int(arr.max())} does not fit in int64")
         arr = arr.astype(np.int64)
     return arr
+
+
+def _dtype_of(x) -> np.dtype:
+    """An array's or a tracer's dtype (never its values); a list's as numpy reads it."""
+    dt = getattr(x, "dtype", None)
+    return np.asarray(x).dtype if dt is None else np.dtype(dt)
 
 
 def _check_weight_dtype(name: str, dt: np.dtype) -> None:

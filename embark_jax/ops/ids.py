@@ -92,15 +92,9 @@ def host_id_array(name: str, ids):
 def as_ids(name: str, ids, n: int | None = None) -> jax.Array:
     """`ids` as a 1-D JAX array of int32 or int64 (of length `n` when given), or a one-line
     `ValueError` that starts with `name` (e.g. "lookup_pool: segment_ids")."""
-    if not isinstance(ids, (jax.Array, np.ndarray)):
-        ids = _as_array(ids)
-    if isinstance(ids, np.ndarray) and ids.dtype.kind in "iu":
-        ids = host_ids(name, ids)
-    dt = ids.dtype
-    if dt == np.dtype(object):
-        raise ValueError(f"{name}: a value is not an integer in int64's range")
-    if not jnp.issubdtype(dt, jnp.integer):
-        raise ValueError(f"{name} must be integers, got {dt}")
+    ids = host_id_array(name, ids)
+    if not jnp.issubdtype(ids.dtype, jnp.integer):  # a JAX array's (a host one's is checked)
+        raise ValueError(f"{name} must be integers, got {ids.dtype}")
     if ids.ndim != 1 or (n is not None and ids.shape[0] != n):
         raise ValueError(f"{name}: expected a 1-D array of {n or 'N'} ids, got shape {ids.shape}")
     return widen_ids(name, jnp.asarray(ids))
