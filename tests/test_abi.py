@@ -5,6 +5,7 @@ import dataclasses
 import pathlib
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import embark_jax
 from embark_jax.core.specs import Combiner
 from embark_jax.ops import abi
 from embark_jax.ops import optimizers as O
+from embark_jax.ops import update as U
 
 pytestmark = pytest.mark.smoke
 
@@ -109,14 +111,14 @@ def test_kernel_slots_follow_the_footprint(opt):
     a, b = opt.slot_footprint
     kinds = [(7, 5)] * a + [(7,)] * b
     kinds += [(1,)] * (2 - len(kinds))
-    got = [s.shape for s in opt.kernel_slots(table, opt.init(table))]
+    got = [s.shape for s in U.kernel_slots(opt, opt.init(table))]
     assert got == kinds
 
 
 def test_hparams_follow_the_layout():
     state = ALL_OPTIMIZERS[3].init(jnp.zeros((3, 2)))
     for opt in ALL_OPTIMIZERS:
-        hp = np.asarray(opt.hparams(opt.init(jnp.zeros((3, 2)))))
+        hp = np.asarray(U.kernel_hparams(opt, opt.init(jnp.zeros((3, 2)))))
         assert hp.shape == (abi.HPARAM_COUNT,) and hp.dtype == np.float32
         if isinstance(opt, O.Adam):
             continue
@@ -124,16 +126,30 @@ def test_hparams_follow_the_layout():
         assert hp[abi.Hparam.EPS] == np.float32(getattr(opt, "eps", 0.0))
         assert hp[abi.Hparam.B1] == hp[abi.Hparam.B2] == 0.0
     adam = ALL_OPTIMIZERS[3]
-    hp = np.asarray(adam.hparams(state))
+    hp = np.asarray(U.kernel_hparams(adam, state))
     c1, c2 = 1 - adam.b1, 1 - adam.b2  # first step: bias corrections folded in
     np.testing.assert_allclose(hp[abi.Hparam.LR], adam.learning_rate * np.sqrt(c2) / c1, rtol=1e-6)
     np.testing.assert_allclose(hp[abi.Hparam.EPS], adam.eps * np.sqrt(c2), rtol=1e-6)
     assert (hp[abi.Hparam.B1], hp[abi.Hparam.B2]) == (np.float32(0.8), np.float32(0.95))
 
 
-def test_pack_hparams_rejects_unknown_names():
-    with pytest.raises(KeyError):
-        O.pack_hparams(lr=0.1, momentum=0.9)
+def test_kernel_hparams_read_a_schedule_at_the_step():
+    """A learning-rate schedule is evaluated at the step given (traced or not); the seed
+    asks for stochastic rounding, split into two exact halves."""
+    opt = O.SGD(learning_rate=lambda step: 0.5 / (1.0 + step))
+    state = opt.init(jnp.zeros((3, 2)))
+    for step in (0, 3):
+        hp = np.asarray(jax.jit(lambda s: U.kernel_hparams(opt, state, s))(step))
+        assert hp[abi.Hparam.LR] == np.float32(0.5 / (1 + step))
+        assert hp[abi.Hparam.ROUNDING] == 0.0
+    hp = np.asarray(U.kernel_hparams(opt, state, 0, seed=np.uint32(0x12345678)))
+    assert (hp[abi.Hparam.ROUNDING], hp[abi.Hparam.SEED_LO], hp[abi.Hparam.SEED_HI]) == (
+        1.0,
+        0x5678,
+        0x1234,
+    )
+    with pytest.raises(ValueError, match="schedule; pass the step"):
+        U.kernel_hparams(opt, state)
 
 
 def test_optimizers_stay_frozen_dataclasses():

@@ -14,6 +14,7 @@ import pytest
 from embark_jax import ops
 from embark_jax.ops import _ffi, abi, native
 from embark_jax.ops import optimizers as O
+from embark_jax.ops import update as U
 
 pytestmark = pytest.mark.smoke
 
@@ -111,7 +112,7 @@ def test_sparse_update_names_the_short_slot():
     small = jnp.zeros((1,), jnp.float32)
     rows = jnp.array([1, 2], jnp.int32)
     grads = jnp.ones((2, 16), jnp.float32)
-    hp = O.pack_hparams(lr=0.1, eps=1e-8)
+    hp = U.kernel_hparams(O.Adagrad(learning_rate=0.1, eps=1e-8), None)
     _fails(
         r"sparse_update: slot_a must have at least 160 elements \(ADAGRAD on a \[10, 16\] "
         r"table\), got shape \[1\]",
@@ -244,7 +245,7 @@ def test_row_wise_slot_with_the_elementwise_kernel_is_refused():
     """A RowWiseAdagrad slot [V] passed with the Adagrad kernel id would be written V*D."""
     table = jnp.zeros((10, 16), jnp.float32)
     per_row, unused = jnp.zeros((10,), jnp.float32), jnp.zeros((1,), jnp.float32)
-    hp = O.pack_hparams(lr=0.1, eps=1e-8)
+    hp = U.kernel_hparams(O.Adagrad(learning_rate=0.1, eps=1e-8), None)
     ids = jnp.array([1, 2], jnp.int32)
     _fails(
         r"sparse_grad_update: slot_a must have at least 160 elements \(ADAGRAD on a \[10, 16\] "
@@ -298,7 +299,7 @@ def test_aliased_outputs_must_match_their_inputs():
     copied into and updated past its end when XLA does not alias it."""
     table = jnp.zeros((10, 16), jnp.float32)
     slot, unused = jnp.zeros((160,), jnp.float32), jnp.zeros((1,), jnp.float32)
-    hp = O.pack_hparams(lr=0.1, eps=1e-8)
+    hp = U.kernel_hparams(O.Adagrad(learning_rate=0.1, eps=1e-8), None)
     rows, grads = jnp.array([1, 2], jnp.int32), jnp.ones((2, 16), jnp.float32)
     small_table = jnp.zeros((4, 16), jnp.float32)
     update = _ffi._call(abi.Target.SPARSE_UPDATE, _optimizer_outputs(small_table, slot, unused))

@@ -10,13 +10,18 @@ from embark_jax.ops.backend import Backend, current_backend, use_backend
 from embark_jax.ops.lookup import lookup_pool, lookup_pool_backward, unique
 from embark_jax.ops.segment import segment_sum
 from embark_jax.ops.update import (
+    StagedUpdate,
+    commit_update,
     lookup_pool_backward_update,
     merge_duplicate_rows,
     sparse_update,
+    stage_backward_update,
 )
 
 __all__ = [
     "Backend",
+    "StagedUpdate",
+    "commit_update",
     "current_backend",
     "lookup_pool",
     "lookup_pool_backward",
@@ -25,6 +30,7 @@ __all__ = [
     "reference",
     "segment_sum",
     "sparse_update",
+    "stage_backward_update",
     "unique",
     "use_backend",
 ]

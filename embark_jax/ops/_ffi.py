@@ -176,3 +176,64 @@ def sparse_grad_update(
         optimizer=np.int64(kernel_id),
         per_id=np.int64(per_id),
     )[:4]
+
+
+def sparse_grad_stage(
+    table,
+    slot_a,
+    slot_b,
+    grads,
+    ids,
+    segment_ids,
+    scale,
+    hparams,
+    kernel_id: int,
+    per_id: bool,
+    slot_widths: tuple[int, int],
+):
+    n, d = ids.shape[0], table.shape[1]
+    staged = [result_type(ids, (n, w) if w else (1,), jnp.float32) for w in slot_widths]
+    return _call(
+        abi.Target.SPARSE_GRAD_STAGE,
+        (
+            result_type(ids, (n,), ids.dtype),
+            result_type(ids, (n, d), table.dtype),
+            *staged,
+            result_type(ids, (), jnp.int32),
+            result_type(ids, (), jnp.int32),
+            _dedup_workspace(ids, d),
+        ),
+    )(
+        table,
+        slot_a,
+        slot_b,
+        grads,
+        ids,
+        segment_ids,
+        scale,
+        hparams,
+        optimizer=np.int64(kernel_id),
+        per_id=np.int64(per_id),
+    )[:6]
+
+
+def commit_rows(table, slot_a, slot_b, rows, values, staged_a, staged_b, commit, kernel_id: int):
+    return _call(
+        abi.Target.COMMIT_ROWS,
+        (
+            result_type(table, table.shape, table.dtype),
+            result_type(slot_a, slot_a.shape, jnp.float32),
+            result_type(slot_b, slot_b.shape, jnp.float32),
+        ),
+        input_output_aliases={0: 0, 1: 1, 2: 2},
+    )(
+        table,
+        slot_a,
+        slot_b,
+        rows,
+        values,
+        staged_a,
+        staged_b,
+        commit,
+        optimizer=np.int64(kernel_id),
+    )

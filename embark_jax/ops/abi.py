@@ -86,6 +86,8 @@ class Target(enum.StrEnum):
     SPARSE_GRAD = "embark_sparse_grad"
     SPARSE_UPDATE = "embark_sparse_update"
     SPARSE_GRAD_UPDATE = "embark_sparse_grad_update"
+    SPARSE_GRAD_STAGE = "embark_sparse_grad_stage"
+    COMMIT_ROWS = "embark_commit_rows"
 
 
 TARGETS: tuple[str, ...] = tuple(t.value for t in Target)

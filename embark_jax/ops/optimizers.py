@@ -1,11 +1,18 @@
-"""Sparse (row-wise, lazy) optimizers for embedding tables.
+"""Sparse (row-wise, lazy) optimizers for embedding tables, shaped like optax transforms.
 
-Each optimizer is a frozen spec with an `init(table) -> state` (a `NamedTuple` of slot
-arrays) and a reference `update(table, state, rows, grads) -> (table, state)` that touches
-only the given rows. `slot_shapes(vocab, dim)` declares the slots, so memory estimates ask
-the optimizer instead of branching on its type; `slot_footprint` is the same as two numbers.
-The fused kernel behind `embark_jax.ops.sparse_update` implements the same math; `kernel_id`
-and `hparams` speak its ABI (`embark_jax.ops.abi`).
+Each optimizer is a frozen spec with a pure `init(table) -> state` (a `NamedTuple` of slot
+arrays) and a pure row update: `hparams(state, step)` gives the step's hyper-parameters as
+(traced) float32 scalars, `rows_update(w, slots, g, hp)` the new values of the gathered rows.
+`update(table, state, rows, grads, step=...)` composes them into the reference update that
+touches only the given rows. `slot_shapes(vocab, dim)` declares the slots, so memory estimates
+ask the optimizer instead of branching on its type; `slot_footprint` is the same as two numbers.
+
+The learning rate is a number or any optax schedule (a function of the step, e.g.
+`optax.warmup_cosine_decay_schedule(...)`): it is evaluated inside the compiled step from the
+step counter, a traced value, so a schedule changes the rate every step without recompiling.
+
+The fused kernels behind `embark_jax.ops` implement the same math; `embark_jax.ops.update`
+packs the state's slots and the hyper-parameters into the kernels' ABI (`embark_jax.ops.abi`).
 
 Rounding of bfloat16 tables: the math is float32; an updated element of a bfloat16 table is
 stored to nearest even, or, given a `seed` (a uint32 scalar, a new one every step, e.g.
@@ -20,6 +27,7 @@ import abc
 import dataclasses
 import math
 import numbers
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import jax
@@ -36,11 +44,14 @@ __all__ = [
     "RowWiseAdagrad",
     "RowWiseAdagradState",
     "SGDState",
+    "Schedule",
     "SparseOptimizer",
-    "pack_hparams",
     "rounding_seed",
-    "with_rounding_seed",
+    "stored_values",
 ]
+
+# An optax schedule: step (an int32 scalar, possibly traced) -> value.
+Schedule = Callable[[jax.Array], jax.Array]
 
 
 class SGDState(NamedTuple):
@@ -69,21 +80,12 @@ def _scatter(x: jax.Array, rows: jax.Array, valid: jax.Array, values: jax.Array)
     return x.at[jnp.where(valid, rows, x.shape[0])].set(values.astype(x.dtype), mode="drop")
 
 
-def _stored(table: jax.Array, rows: jax.Array, values: jax.Array, seed) -> jax.Array:
-    """Updated rows in the table's dtype, rounded as the kernels round them."""
-    if seed is not None and table.dtype == jnp.bfloat16:
+def stored_values(values: jax.Array, dtype, rows: jax.Array, seed) -> jax.Array:
+    """Updated rows `values` `[C, D]` (float32) of table rows `rows` in the table's `dtype`,
+    rounded as the kernels round them (stochastically for bfloat16 given a `seed`)."""
+    if seed is not None and jnp.dtype(dtype) == jnp.bfloat16:
         return reference.stochastic_round_bf16(values, seed, rows)
-    return values.astype(table.dtype)
-
-
-def with_rounding_seed(hparams: jax.Array, seed: jax.Array | int) -> jax.Array:
-    """`hparams` asking the kernels for stochastic rounding of bfloat16 tables with the
-    uint32 `seed` (split into two exact float32 halves, `abi.Hparam.SEED_LO` / `SEED_HI`)."""
-    seed = jnp.asarray(seed).astype(jnp.uint32)
-    lo = (seed & jnp.uint32(0xFFFF)).astype(jnp.float32)
-    hi = (seed >> 16).astype(jnp.float32)
-    hp = hparams.at[abi.Hparam.ROUNDING].set(1.0)
-    return hp.at[abi.Hparam.SEED_LO].set(lo).at[abi.Hparam.SEED_HI].set(hi)
+    return values.astype(dtype)
 
 
 def rounding_seed(key: jax.Array, step: jax.Array | int) -> jax.Array:
@@ -98,15 +100,6 @@ def rounding_seed(key: jax.Array, step: jax.Array | int) -> jax.Array:
     for word in jnp.ravel(key).astype(jnp.uint32):
         h = reference.mix32(h ^ word)
     return h
-
-
-def pack_hparams(**values) -> jax.Array:
-    """The kernels' float32 hyper-parameter vector, laid out by `abi.Hparam`; entries not
-    given are 0. Keyword names are the lower-case `abi.Hparam` names (`lr`, `eps`, ...)."""
-    entries = [jnp.float32(0.0)] * abi.HPARAM_COUNT
-    for name, value in values.items():
-        entries[abi.Hparam[name.upper()]] = jnp.asarray(value, jnp.float32)
-    return jnp.stack(entries)
 
 
 def _check_hparam(opt: str, field: str, value: Any, bounds: tuple[float, float]) -> None:
@@ -124,9 +117,12 @@ def _check_hparam(opt: str, field: str, value: Any, bounds: tuple[float, float])
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SparseOptimizer(abc.ABC):
     """Base of the sparse optimizers. Rows < 0 or >= V are padding and left untouched; the
-    reference `update` expects unique rows (`ops.sparse_update` merges duplicates)."""
+    reference `update` expects unique rows (`ops.sparse_update` merges duplicates).
 
-    learning_rate: float
+    `learning_rate`: a number >= 0 or an optax schedule (step -> rate), evaluated at the step
+    counter the caller passes (`TrainState.step` in training: updates committed so far)."""
+
+    learning_rate: float | Schedule
     kernel_id: ClassVar[abi.OptimizerId]
 
     # field -> [low, high): the valid range of each hyper-parameter (checked at construction)
@@ -140,9 +136,12 @@ class SparseOptimizer(abc.ABC):
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            if f.name in self._RANGES:
-                value = getattr(self, f.name)
-                _check_hparam(type(self).__name__, f.name, value, self._RANGES[f.name])
+            if f.name not in self._RANGES:
+                continue
+            value = getattr(self, f.name)
+            if f.name == "learning_rate" and callable(value):
+                continue  # a schedule: its values are checked on device, every step
+            _check_hparam(type(self).__name__, f.name, value, self._RANGES[f.name])
 
     @abc.abstractmethod
     def slot_shapes(self, vocab: int, dim: int) -> dict[str, tuple[int, ...]]:
@@ -152,7 +151,20 @@ class SparseOptimizer(abc.ABC):
     def init(self, table: jax.Array) -> Any: ...
 
     @abc.abstractmethod
-    def _rows_update(self, w, slots, g, state) -> tuple[jax.Array, tuple[jax.Array, ...]]: ...
+    def rows_update(
+        self, w: jax.Array, slots: tuple[jax.Array, ...], g: jax.Array, hp: dict[str, jax.Array]
+    ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+        """The new values of gathered rows: weights `w` `[C, D]` float32, the state's slot
+        arrays gathered at the same rows, gradients `g` `[C, D]`, hyper-parameters `hp`
+        (`hparams`). Pure elementwise math; the kernels compute the same in float32."""
+
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        """The state's fields that are slot arrays (one row per table row), in kernel order."""
+        return tuple(self.slot_shapes(1, 1))
+
+    def slot_arrays(self, state: Any) -> tuple[jax.Array, ...]:
+        return tuple(getattr(state, name) for name in self.slot_names)
 
     def slot_bytes(self, vocab: int, dim: int) -> int:
         return sum(4 * math.prod(s) for s in self.slot_shapes(vocab, dim).values())
@@ -164,37 +176,46 @@ class SparseOptimizer(abc.ABC):
         they agree with `slot_shapes` (tests/test_abi.py)."""
         return abi.SLOT_FOOTPRINT[self.kernel_id]
 
-    def hparams(self, state: Any) -> jax.Array:
-        """The fused kernel's hyper-parameter vector (layout `abi.Hparam`)."""
-        return pack_hparams(lr=self.learning_rate)
+    @property
+    def scheduled(self) -> bool:
+        """Whether the learning rate is a schedule (a function of the step)."""
+        return callable(self.learning_rate)
 
-    def kernel_slots(self, table: jax.Array, state: Any) -> tuple[jax.Array, jax.Array]:
-        """The (at most two) slot arrays the kernel updates; unused ones are [1] dummies."""
-        arrays = [x for x in state if x.ndim > 0]
-        dummy = jnp.zeros((1,), jnp.float32)
-        return (*arrays, dummy, dummy)[:2]
+    def learning_rate_at(self, step: jax.Array | int | None) -> jax.Array:
+        """`[]` float32: the learning rate at `step` (a schedule needs one)."""
+        if not self.scheduled:
+            return jnp.float32(self.learning_rate)
+        if step is None:
+            raise ValueError(
+                f"{type(self).__name__}: the learning rate is a schedule; pass the step "
+                "(the number of updates applied so far)"
+            )
+        return jnp.asarray(self.learning_rate(jnp.asarray(step)), jnp.float32)
 
-    def from_kernel_slots(self, state: Any, a: jax.Array, b: jax.Array) -> Any:
-        """The state after the fused kernel returned slots `a` and `b`."""
-        n = sum(1 for x in state if x.ndim > 0)
-        return self._with_slots(state, (a, b)[:n])
+    def hparams(self, state: Any, step: jax.Array | int | None = None) -> dict[str, jax.Array]:
+        """The step's hyper-parameters as float32 scalars, named as `abi.Hparam` (lower case):
+        `lr` (the schedule at `step`) and what the optimizer adds."""
+        return {"lr": self.learning_rate_at(step)}
 
-    def update(self, table, state, rows, grads, *, seed=None):
-        """Reference update of the unique `rows` with `grads` [C, D] (float32). With a `seed`
-        (uint32), a bfloat16 table's updated elements round stochastically, bit for bit as
-        the kernels round them; without, to nearest even."""
+    def advance(self, state: Any, slots: tuple[jax.Array, ...], applied: jax.Array | int = 1):
+        """The state whose slot arrays are `slots` after an update; `applied` (0 or 1, may be
+        traced) says whether the update was committed (Adam counts committed updates)."""
+        return type(state)(*slots)
+
+    def update(self, table, state, rows, grads, *, step=None, seed=None):
+        """Reference update of the unique `rows` with `grads` [C, D] (float32) at `step`. With a
+        `seed` (uint32), a bfloat16 table's updated elements round stochastically, bit for bit
+        as the kernels round them; without, to nearest even."""
         valid = (rows >= 0) & (rows < table.shape[0])
         w = _gather(table, rows, valid).astype(jnp.float32)
-        slots = tuple(_gather(s, rows, valid) for s in state if s.ndim > 0)
-        new_w, new_slots = self._rows_update(w, slots, grads.astype(jnp.float32), state)
-        table = _scatter(table, rows, valid, _stored(table, rows, new_w, seed))
-        full = [s for s in state if s.ndim > 0]
+        slots = tuple(_gather(s, rows, valid) for s in self.slot_arrays(state))
+        new_w, new_slots = self.rows_update(
+            w, slots, grads.astype(jnp.float32), self.hparams(state, step)
+        )
+        table = _scatter(table, rows, valid, stored_values(new_w, table.dtype, rows, seed))
+        full = self.slot_arrays(state)
         full = [_scatter(f, rows, valid, n) for f, n in zip(full, new_slots, strict=True)]
-        return table, self._with_slots(state, full)
-
-    def _with_slots(self, state, slots):
-        """The state after one update whose new slot arrays are `slots`."""
-        return type(state)(*slots)
+        return table, self.advance(state, tuple(full))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -207,8 +228,8 @@ class SGD(SparseOptimizer):
     def init(self, table):
         return SGDState()
 
-    def _rows_update(self, w, slots, g, state):
-        return w - self.learning_rate * g, ()
+    def rows_update(self, w, slots, g, hp):
+        return w - hp["lr"] * g, ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -223,12 +244,12 @@ class Adagrad(SparseOptimizer):
     def init(self, table):
         return AdagradState(jnp.full(table.shape, self.initial_accumulator, jnp.float32))
 
-    def hparams(self, state):
-        return pack_hparams(lr=self.learning_rate, eps=self.eps)
+    def hparams(self, state, step=None):
+        return {"lr": self.learning_rate_at(step), "eps": jnp.float32(self.eps)}
 
-    def _rows_update(self, w, slots, g, state):
+    def rows_update(self, w, slots, g, hp):
         acc = slots[0] + g * g
-        return w - self.learning_rate * g / (jnp.sqrt(acc) + self.eps), (acc,)
+        return w - hp["lr"] * g / (jnp.sqrt(acc) + hp["eps"]), (acc,)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -243,13 +264,13 @@ class RowWiseAdagrad(SparseOptimizer):
     def init(self, table):
         return RowWiseAdagradState(jnp.full(table.shape[:1], self.initial_accumulator, jnp.float32))
 
-    def hparams(self, state):
-        return pack_hparams(lr=self.learning_rate, eps=self.eps)
+    def hparams(self, state, step=None):
+        return {"lr": self.learning_rate_at(step), "eps": jnp.float32(self.eps)}
 
-    def _rows_update(self, w, slots, g, state):
+    def rows_update(self, w, slots, g, hp):
         acc = slots[0] + jnp.mean(g * g, axis=1)
-        step = self.learning_rate / (jnp.sqrt(acc) + self.eps)
-        return w - step[:, None] * g, (acc,)
+        size = hp["lr"] / (jnp.sqrt(acc) + hp["eps"])
+        return w - size[:, None] * g, (acc,)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -269,26 +290,23 @@ class Adam(SparseOptimizer):
         z = jnp.zeros(table.shape, jnp.float32)
         return AdamState(z, z, jnp.zeros((), jnp.int32))
 
-    def _corrections(self, state):
+    def hparams(self, state, step=None):
+        # lr (m / c1) / (sqrt(v / c2) + eps) with the bias corrections c1, c2 of the update
+        # count folded into lr and eps, in float32, as the kernels take them
         t = (state.count + 1).astype(jnp.float32)
-        return 1.0 - self.b1**t, 1.0 - self.b2**t
+        c1, c2 = 1.0 - self.b1**t, 1.0 - self.b2**t
+        return {
+            "lr": self.learning_rate_at(step) * jnp.sqrt(c2) / c1,
+            "eps": self.eps * jnp.sqrt(c2),
+            "b1": jnp.float32(self.b1),
+            "b2": jnp.float32(self.b2),
+        }
 
-    def hparams(self, state):
-        c1, c2 = self._corrections(state)
-        lr_t = self.learning_rate * jnp.sqrt(c2) / c1
-        eps_t = self.eps * jnp.sqrt(c2)
-        return pack_hparams(lr=lr_t, eps=eps_t, b1=self.b1, b2=self.b2)
-
-    def _rows_update(self, w, slots, g, state):
-        # lr (m / c1) / (sqrt(v / c2) + eps), in float32 with the corrections folded into lr
-        # and eps as in the kernels' hparams, so both compute the same float32 values
-        hp = self.hparams(state)
-        lr_t, eps_t, b1, b2 = (
-            hp[h] for h in (abi.Hparam.LR, abi.Hparam.EPS, abi.Hparam.B1, abi.Hparam.B2)
-        )
+    def rows_update(self, w, slots, g, hp):
+        b1, b2 = hp["b1"], hp["b2"]
         m = b1 * slots[0] + (1.0 - b1) * g
         v = b2 * slots[1] + (1.0 - b2) * g * g
-        return w - lr_t * m / (jnp.sqrt(v) + eps_t), (m, v)
+        return w - hp["lr"] * m / (jnp.sqrt(v) + hp["eps"]), (m, v)
 
-    def _with_slots(self, state, slots):
-        return AdamState(slots[0], slots[1], state.count + 1)
+    def advance(self, state, slots, applied=1):
+        return AdamState(slots[0], slots[1], state.count + jnp.asarray(applied, jnp.int32))

@@ -1,19 +1,94 @@
-"""`sparse_update`: fused in-place row updates of a table and its optimizer slots."""
+"""Sparse optimizer updates of table rows: in place, or staged and committed on a verdict.
+
+- `sparse_update`: fused in-place row updates of a table and its optimizer slots.
+- `lookup_pool_backward_update`: the backward of `lookup_pool` fused with the optimizer,
+  in place (FBGEMM's fused backward).
+- `stage_backward_update` + `commit_update`: the same update in two calls. The stage computes
+  every touched row's new weights and slots into `[N, ...]` staging arrays (O(ids), the table
+  is only read) and says whether they are all finite; the commit writes them in place, or,
+  given a false verdict, nothing. A training step decides the verdict on device between the
+  two (docs/design.md §8), so a step is in place and still never commits a bad update.
+
+This module is also the adapter between the optimizers (`ops.optimizers`: NamedTuple states,
+hyper-parameters as traced scalars) and the kernels' ABI (`ops.abi`: two slot operands, one
+float32 hyper-parameter vector).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from embark_jax.core.specs import Combiner
-from embark_jax.ops import _ffi, reference
+from embark_jax.ops import _ffi, abi, reference
 from embark_jax.ops.backend import Backend, resolve
 from embark_jax.ops.lookup import _FLOAT_DTYPES, id_scale, lookup_pool_backward, pooling_inputs
-from embark_jax.ops.optimizers import SparseOptimizer, with_rounding_seed
+from embark_jax.ops.optimizers import SparseOptimizer, stored_values
 
-__all__ = ["lookup_pool_backward_update", "merge_duplicate_rows", "sparse_update"]
+__all__ = [
+    "StagedUpdate",
+    "commit_update",
+    "kernel_hparams",
+    "kernel_slots",
+    "lookup_pool_backward_update",
+    "merge_duplicate_rows",
+    "sparse_update",
+    "stage_backward_update",
+]
+
+
+# --- the kernels' ABI ------------------------------------------------------------------
+
+
+def kernel_hparams(
+    optimizer: SparseOptimizer,
+    state: Any,
+    step: jax.Array | int | None = None,
+    seed: jax.Array | int | None = None,
+) -> jax.Array:
+    """The kernels' float32 hyper-parameter vector (layout `abi.Hparam`) for `optimizer` at
+    `step`; with a uint32 `seed`, bfloat16 tables round stochastically (split into two exact
+    float32 halves, `SEED_LO` / `SEED_HI`)."""
+    entries = [jnp.float32(0.0)] * abi.HPARAM_COUNT
+    for name, value in optimizer.hparams(state, step).items():
+        entries[abi.Hparam[name.upper()]] = jnp.asarray(value, jnp.float32)
+    if seed is not None:
+        seed = jnp.asarray(seed).astype(jnp.uint32)
+        entries[abi.Hparam.ROUNDING] = jnp.float32(1.0)
+        entries[abi.Hparam.SEED_LO] = (seed & jnp.uint32(0xFFFF)).astype(jnp.float32)
+        entries[abi.Hparam.SEED_HI] = (seed >> 16).astype(jnp.float32)
+    return jnp.stack(entries)
+
+
+def kernel_slots(optimizer: SparseOptimizer, state: Any) -> tuple[jax.Array, jax.Array]:
+    """The two slot operands of the kernels: the state's slot arrays in order, unused ones
+    `[1]` dummies (`abi.SLOT_FOOTPRINT` says which the kernel reads)."""
+    dummy = jnp.zeros((1,), jnp.float32)
+    return (*optimizer.slot_arrays(state), dummy, dummy)[:2]
+
+
+def from_kernel_slots(
+    optimizer: SparseOptimizer, state: Any, a: jax.Array, b: jax.Array, applied=1
+) -> Any:
+    """The state after a kernel returned slot operands `a` and `b` (`applied`: committed)."""
+    n = len(optimizer.slot_names)
+    return optimizer.advance(state, (a, b)[:n], applied)
+
+
+def _slot_widths(optimizer: SparseOptimizer, dim: int) -> tuple[int, int]:
+    """Floats per table row in slot operands a and b (`abi::SlotRowWidth`)."""
+    per_element, per_row = abi.SLOT_FOOTPRINT[optimizer.kernel_id]
+    widths = [dim] * per_element + [1] * per_row
+    return tuple((*widths, 0, 0)[:2])
+
+
+def _uses_kernels(backend, *dtypes) -> bool:
+    return resolve(backend) is Backend.FFI and all(jnp.dtype(d) in _FLOAT_DTYPES for d in dtypes)
+
+
+# --- in place --------------------------------------------------------------------------
 
 
 def merge_duplicate_rows(
@@ -40,6 +115,7 @@ def sparse_update(
     optimizer: SparseOptimizer,
     *,
     assume_unique: bool = False,
+    step: jax.Array | int | None = None,
     seed: jax.Array | int | None = None,
     backend: Backend | str | None = None,
 ) -> tuple[jax.Array, Any]:
@@ -50,6 +126,8 @@ def sparse_update(
       rows: `[C]` int32/int64 row ids; -1 (and any id outside [0, V)) is padding.
       grads: `[C, D]` gradient of each row.
       assume_unique: skip merging duplicate rows (true for `lookup_pool_backward` output).
+      step: the optimizer's step counter (a learning-rate schedule is evaluated at it;
+        required when the rate is a schedule).
       seed: uint32 scalar; given, a bfloat16 table's updated elements are rounded
         stochastically with bits hashed from (seed, row, column), the same on every backend
         (`reference.stochastic_round_bf16`); None: to nearest even. Pass a new seed every
@@ -67,17 +145,13 @@ def sparse_update(
     if not assume_unique:
         rows, grads = merge_duplicate_rows(rows, grads, backend=backend)
     if resolve(backend) is Backend.REFERENCE:
-        return optimizer.update(table, state, rows, grads, seed=seed)
-    slot_a, slot_b = optimizer.kernel_slots(table, state)
+        return optimizer.update(table, state, rows, grads, step=step, seed=seed)
+    slot_a, slot_b = kernel_slots(optimizer, state)
+    hp = kernel_hparams(optimizer, state, step, seed)
     new_table, a, b = _ffi.sparse_update(
-        table, slot_a, slot_b, rows, grads, _hparams(optimizer, state, seed), optimizer.kernel_id
+        table, slot_a, slot_b, rows, grads, hp, optimizer.kernel_id
     )
-    return new_table, optimizer.from_kernel_slots(state, a, b)
-
-
-def _hparams(optimizer: SparseOptimizer, state: Any, seed) -> jax.Array:
-    hp = optimizer.hparams(state)
-    return hp if seed is None else with_rounding_seed(hp, seed)
+    return new_table, from_kernel_slots(optimizer, state, a, b)
 
 
 def lookup_pool_backward_update(
@@ -90,6 +164,7 @@ def lookup_pool_backward_update(
     *,
     optimizer: SparseOptimizer,
     combiner: Combiner | str = Combiner.SUM,
+    step: jax.Array | int | None = None,
     seed: jax.Array | int | None = None,
     backend: Backend | str | None = None,
 ) -> tuple[jax.Array, Any, jax.Array]:
@@ -97,39 +172,20 @@ def lookup_pool_backward_update(
 
     Equivalent to `lookup_pool_backward` followed by `sparse_update`, but each distinct row's
     gradient is reduced and applied at once, with no `[C, D]` gradient buffer and no capacity
-    (nothing can overflow). Ids >= the table's rows are padding, as in the forward. `seed`:
-    stochastic rounding of a bfloat16 table, as in `sparse_update`.
+    (nothing can overflow). Ids >= the table's rows are padding, as in the forward. `step`,
+    `seed`: as in `sparse_update`.
 
     Returns `(table, state, num_unique_rows)`; in place when `table`/`state` are donated.
     """
     combiner = Combiner.parse(combiner)
-    ids, segment_ids = pooling_inputs(
-        "lookup_pool_backward_update", ids, segment_ids, weights, combiner
+    g, ids, segment_ids, scale = _backward_inputs(
+        "lookup_pool_backward_update", table, output_grads, ids, segment_ids, weights, combiner
     )
-    g = jnp.asarray(output_grads)
-    vocab = table.shape[0]
-    per_id = combiner is Combiner.NONE
-    scale = id_scale(ids, segment_ids, g.shape[0], weights, combiner, vocab)
-    ids = jnp.where(scale != 0, ids, -1)
-    if (  # dtypes the kernel does not take run on the reference, as in lookup_pool_backward
-        resolve(backend) is Backend.REFERENCE
-        or g.dtype not in _FLOAT_DTYPES
-        or table.dtype not in _FLOAT_DTYPES
-    ):
-        n = ids.shape[0]
-        rows, row_grads, _ = lookup_pool_backward(
-            g,
-            ids,
-            segment_ids,
-            weights,
-            capacity=n,
-            combiner=combiner,
-            vocab_size=vocab,
-            backend=backend,
-        )
-        table, state = optimizer.update(table, state, rows, row_grads, seed=seed)
+    if not _uses_kernels(backend, g.dtype, table.dtype):
+        rows, row_grads = _reference_row_grads(table, g, ids, segment_ids, weights, combiner)
+        table, state = optimizer.update(table, state, rows, row_grads, step=step, seed=seed)
         return table, state, jnp.sum((rows >= 0).astype(jnp.int32))
-    slot_a, slot_b = optimizer.kernel_slots(table, state)
+    slot_a, slot_b = kernel_slots(optimizer, state)
     new_table, a, b, num_unique = _ffi.sparse_grad_update(
         table,
         slot_a,
@@ -138,8 +194,153 @@ def lookup_pool_backward_update(
         ids,
         segment_ids,
         scale,
-        _hparams(optimizer, state, seed),
+        kernel_hparams(optimizer, state, step, seed),
         optimizer.kernel_id,
-        per_id,
+        combiner is Combiner.NONE,
     )
-    return new_table, optimizer.from_kernel_slots(state, a, b), num_unique
+    return new_table, from_kernel_slots(optimizer, state, a, b), num_unique
+
+
+def _backward_inputs(name, table, output_grads, ids, segment_ids, weights, combiner):
+    """`(grads, ids, segment_ids, scale)` of a fused backward: ids whose gradient scale is 0
+    (padding, outside the table, a dropped bag) become -1."""
+    ids, segment_ids = pooling_inputs(name, ids, segment_ids, weights, combiner)
+    g = jnp.asarray(output_grads)
+    scale = id_scale(ids, segment_ids, g.shape[0], weights, combiner, table.shape[0])
+    return g, jnp.where(scale != 0, ids, -1), segment_ids, scale
+
+
+def _reference_row_grads(table, g, ids, segment_ids, weights, combiner):
+    """The distinct rows (sorted, -1 padded, one slot per id) and their summed gradients,
+    on the reference (also for dtypes the kernels do not take)."""
+    return lookup_pool_backward(
+        g,
+        ids,
+        segment_ids,
+        weights,
+        capacity=ids.shape[0],
+        combiner=combiner,
+        vocab_size=table.shape[0],
+        backend=Backend.REFERENCE,
+    )[:2]
+
+
+# --- staged: compute, decide, commit -----------------------------------------------------
+
+
+class StagedUpdate(NamedTuple):
+    """The rows a staged update would write (`stage_backward_update`), one slot per id.
+
+    rows: `[N]` the distinct table rows, ascending, -1 after the last (and for dropped ids).
+    values: `[N, D]` their new weights, in the table's dtype (rounded as the kernels round).
+    slots: the two kernel slot operands' new rows, `[N, w]` for a slot of w floats per row
+      (`abi::SlotRowWidth`), `[1]` for an unused one.
+    finite: `[]` bool, every staged weight and slot value is finite.
+    num_unique: `[]` int32, distinct ids seen.
+    """
+
+    rows: jax.Array
+    values: jax.Array
+    slots: tuple[jax.Array, jax.Array]
+    finite: jax.Array
+    num_unique: jax.Array
+
+
+def stage_backward_update(
+    table: jax.Array,
+    state: Any,
+    output_grads: jax.Array,
+    ids: jax.Array,
+    segment_ids: jax.Array | None,
+    weights: jax.Array | None = None,
+    *,
+    optimizer: SparseOptimizer,
+    combiner: Combiner | str = Combiner.SUM,
+    step: jax.Array | int | None = None,
+    seed: jax.Array | int | None = None,
+    backend: Backend | str | None = None,
+) -> StagedUpdate:
+    """`lookup_pool_backward_update`'s rows, computed but not written: the table `[V, D]` and
+    `state` are only read. Commit them with `commit_update`. Arguments as there."""
+    combiner = Combiner.parse(combiner)
+    g, ids, segment_ids, scale = _backward_inputs(
+        "stage_backward_update", table, output_grads, ids, segment_ids, weights, combiner
+    )
+    if _uses_kernels(backend, g.dtype, table.dtype):
+        slot_a, slot_b = kernel_slots(optimizer, state)
+        rows, values, sa, sb, num_unique, finite = _ffi.sparse_grad_stage(
+            table,
+            slot_a,
+            slot_b,
+            g,
+            ids,
+            segment_ids,
+            scale,
+            kernel_hparams(optimizer, state, step, seed),
+            optimizer.kernel_id,
+            combiner is Combiner.NONE,
+            _slot_widths(optimizer, table.shape[1]),
+        )
+        return StagedUpdate(rows, values, (sa, sb), finite != 0, num_unique)
+    rows, row_grads = _reference_row_grads(table, g, ids, segment_ids, weights, combiner)
+    return _stage_rows(table, state, rows, row_grads, optimizer, step, seed)
+
+
+def _stage_rows(table, state, rows, row_grads, optimizer, step, seed) -> StagedUpdate:
+    """The reference stage: the optimizer's math on the gathered rows."""
+    valid = (rows >= 0) & (rows < table.shape[0])
+    safe = jnp.where(valid, rows, 0)
+    w = jnp.take(table, safe, axis=0).astype(jnp.float32)
+    slots = tuple(jnp.take(s, safe, axis=0) for s in optimizer.slot_arrays(state))
+    new_w, new_slots = optimizer.rows_update(
+        w, slots, row_grads.astype(jnp.float32), optimizer.hparams(state, step)
+    )
+    values = stored_values(new_w, table.dtype, rows, seed)
+    staged = [s.reshape(rows.shape[0], -1) for s in new_slots]
+    ok = jnp.all(jnp.isfinite(values.astype(jnp.float32)) | ~valid[:, None])
+    for s in staged:
+        ok &= jnp.all(jnp.isfinite(s) | ~valid[:, None])
+    dummy = jnp.zeros((1,), jnp.float32)
+    staged = (*staged, dummy, dummy)[:2]
+    rows = jnp.where(valid, rows, -1)
+    return StagedUpdate(rows, values, staged, ok, jnp.sum(valid, dtype=jnp.int32))
+
+
+def commit_update(
+    table: jax.Array,
+    state: Any,
+    staged: StagedUpdate,
+    commit: jax.Array | bool,
+    *,
+    optimizer: SparseOptimizer,
+    backend: Backend | str | None = None,
+) -> tuple[jax.Array, Any]:
+    """Writes `staged` into `table` and `state` in place when `commit` (a bool scalar, may be
+    traced) is true; otherwise returns them bit-identical. `table` may carry leading
+    dimensions (`[1, V, D]`, a `shard_map` block of a stacked buffer; the state's slot
+    arrays carry the same ones): updating the block as it is lets XLA alias it with no copy.
+    An optimizer that counts updates (Adam) counts this one only when committed."""
+    commit = jnp.asarray(commit)
+    if _uses_kernels(backend, table.dtype):
+        slot_a, slot_b = kernel_slots(optimizer, state)
+        new_table, a, b = _ffi.commit_rows(
+            table,
+            slot_a,
+            slot_b,
+            staged.rows,
+            staged.values,
+            *staged.slots,
+            commit.astype(jnp.int32),
+            optimizer.kernel_id,
+        )
+        return new_table, from_kernel_slots(optimizer, state, a, b, commit)
+    lead = (0,) * (table.ndim - 2)
+    vocab = table.shape[-2]
+    valid = commit & (staged.rows >= 0) & (staged.rows < vocab)
+    at = (*lead, jnp.where(valid, staged.rows, vocab))
+    new_table = table.at[at].set(staged.values.astype(table.dtype), mode="drop")
+    slots = []
+    for full, rows in zip(optimizer.slot_arrays(state), staged.slots, strict=False):
+        per_row = full.shape[len(lead) + 1 :]
+        slots.append(full.at[at].set(rows.reshape(-1, *per_row), mode="drop"))
+    return new_table, optimizer.advance(state, tuple(slots), commit)

@@ -6,7 +6,9 @@
 // separate warps reduce into partial rows (PiecesKernel); the row's warp then sums its
 // pieces instead of walking the run. sparse_grad writes the reduced rows ([C] slots, overflow counted through
 // num_unique); sparse_grad_update applies the optimizer to the table row right away
-// (in place, outputs alias inputs), with no gradient buffer and no capacity.
+// (in place, outputs alias inputs), with no gradient buffer and no capacity;
+// sparse_grad_stage computes the same rows into staging buffers and leaves the table alone
+// (commit_rows.cu writes them, or not).
 #include "dedup.cuh"
 #include "embark_operands.h"
 #include "kernels.h"
@@ -162,6 +164,87 @@ __global__ void SparseGradUpdateKernel(DedupView v, bool ids64, GradArgs g, T* t
   }
 }
 
+// Where sparse_grad_stage writes: the staged rows and the verdict.
+struct StageOut {
+  void* rows;
+  bool rows64;
+  float* a;  // staged slot rows [C, wa]
+  float* b;  // [C, wb]
+  int64_t wa, wb;
+  int32_t* finite;  // set to 0 when any staged value is not finite
+};
+
+__device__ __forceinline__ void StoreRow(const StageOut& o, int64_t k, int64_t row) {
+  if (o.rows64) static_cast<int64_t*>(o.rows)[k] = row;
+  else static_cast<int32_t*>(o.rows)[k] = static_cast<int32_t>(row);
+}
+
+__device__ __forceinline__ bool StagedFinite(float v) { return isfinite(v); }
+__device__ __forceinline__ bool StagedFinite(__nv_bfloat16 v) {
+  return isfinite(__bfloat162float(v));
+}
+
+__global__ void SetFlagKernel(int32_t* flag, int32_t value) { *flag = value; }
+
+// One warp per slot k < cap: stages unique row k's updated weights and slots (the table is
+// only read); slots past the distinct rows, and rows outside the table, get row -1.
+template <typename T>
+__global__ void SparseGradStageKernel(DedupView v, bool ids64, GradArgs g, const T* table,
+                                      const float* sa, const float* sb, int64_t vocab,
+                                      Optimizer opt, const float* hp, int64_t cap, T* values,
+                                      StageOut o) {
+  const int lane = threadIdx.x & 31;
+  const Hparams h = LoadHparams(hp);
+  const int64_t u = *v.num_unique;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+       k < cap; k += warps) {
+    const int64_t row = k < u ? SortedId(v, ids64, v.run_start[k]) : -1;
+    if (row < 0 || row >= vocab) {
+      if (lane == 0) StoreRow(o, k, -1);
+      continue;
+    }
+    bool finite = true;
+    float step = 0.0f;
+    if (opt == Optimizer::ROW_WISE_ADAGRAD) {  // needs the whole row's sum of g^2 first
+      float sq = 0.0f;
+      for (int64_t c0 = 0; c0 < g.d; c0 += 32 * kR) {
+        float acc[kR];
+        AccumulateChunk(v, g, k, c0, acc);
+        for (int r = 0; r < kR; ++r) sq += acc[r] * acc[r];
+      }
+      const float a = RowWiseAccumulator(sa[row], sq, g.d);
+      if (lane == 0) o.a[k] = a;
+      finite = isfinite(a);
+      step = RowWiseStepSize(a, h);
+    }
+    for (int64_t c0 = 0; c0 < g.d; c0 += 32 * kR) {
+      float acc[kR];
+      AccumulateChunk(v, g, k, c0, acc);
+      for (int r = 0; r < kR; ++r) {
+        const int64_t j = c0 + lane + 32 * r;
+        if (j >= g.d) continue;
+        const int64_t e = row * g.d + j;
+        ElemState s{DevElem<T>::Load(table, e), HasElemSlotA(opt) ? sa[e] : 0.0f,
+                    HasElemSlotB(opt) ? sb[e] : 0.0f};
+        s = StepElem(opt, s, acc[r], h, step);
+        if (HasElemSlotA(opt)) {
+          o.a[k * o.wa + j] = s.a;
+          finite &= isfinite(s.a);
+        }
+        if (HasElemSlotB(opt)) {
+          o.b[k * o.wb + j] = s.b;
+          finite &= isfinite(s.b);
+        }
+        StoreUpdated(values, k * g.d + j, row, j, s.w, h);
+        finite &= StagedFinite(values[k * g.d + j]);
+      }
+    }
+    if (lane == 0) StoreRow(o, k, row);
+    if (__any_sync(0xffffffffu, !finite) && lane == 0) atomicAnd(o.finite, 0);
+  }
+}
+
 GradArgs MakeGradArgs(const ffi::AnyBuffer& grads, const ffi::AnyBuffer& seg, bool per_id,
                       const float* scale) {
   return GradArgs{grads.untyped_data(), grads.element_type() == ffi::DataType::BF16,
@@ -236,6 +319,46 @@ ffi::Error SparseGradUpdateCudaImpl(
   return CudaStatus("sparse_grad_update");
 }
 
+ffi::Error SparseGradStageCudaImpl(
+    cudaStream_t stream, ffi::AnyBuffer table, ffi::Buffer<ffi::F32> slot_a,
+    ffi::Buffer<ffi::F32> slot_b, ffi::AnyBuffer grads, ffi::AnyBuffer ids, ffi::AnyBuffer seg,
+    ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> hparams, ffi::Result<ffi::AnyBuffer> rows,
+    ffi::Result<ffi::AnyBuffer> values, ffi::Result<ffi::Buffer<ffi::F32>> staged_a,
+    ffi::Result<ffi::Buffer<ffi::F32>> staged_b, ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
+    ffi::Result<ffi::Buffer<ffi::S32>> finite, ffi::Result<ffi::AnyBuffer> workspace,
+    int64_t optimizer, int64_t per_id) {
+  ffi::Error err = CheckSparseGradStage(table, slot_a, slot_b, grads, ids, seg, scale, hparams,
+                                        optimizer, per_id != 0, *rows, *values, *staged_a,
+                                        *staged_b, *num_unique, *finite);
+  if (err.failure()) return err;
+  const bool ids64 = ids.element_type() == ffi::DataType::S64;
+  const int64_t n = static_cast<int64_t>(ids.element_count());
+  const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];
+  DedupView v;
+  err = RunDedup(stream, ids.untyped_data(), ids64, n, vocab, d, workspace->untyped_data(),
+                 workspace->size_bytes(), num_unique->typed_data(), &v);
+  if (err.failure()) return err;
+  GradArgs g = MakeGradArgs(grads, seg, per_id != 0, scale.typed_data());
+  LaunchPieces(stream, v, g, n);
+  SetFlagKernel<<<1, 1, 0, stream>>>(finite->typed_data(), 1);
+  const StageOut o{rows->untyped_data(),
+                   rows->element_type() == ffi::DataType::S64,
+                   staged_a->typed_data(),
+                   staged_b->typed_data(),
+                   abi::SlotRowWidth(optimizer, 0, d),
+                   abi::SlotRowWidth(optimizer, 1, d),
+                   finite->typed_data()};
+  err = DispatchFloat<DevBf16>("sparse_grad_stage", "table", table.element_type(), [&](auto tag) {
+    using T = EMBARK_TYPE(tag);
+    SparseGradStageKernel<T><<<GridFor(n, 8), 256, 0, stream>>>(
+        v, ids64, g, static_cast<const T*>(table.untyped_data()), slot_a.typed_data(),
+        slot_b.typed_data(), vocab, static_cast<Optimizer>(optimizer), hparams.typed_data(), n,
+        static_cast<T*>(values->untyped_data()), o);
+  });
+  if (err.failure()) return err;
+  return CudaStatus("sparse_grad_stage");
+}
+
 }  // namespace
 }  // namespace embark
 
@@ -269,6 +392,28 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkSparseGradUpdateCuda, embark::SparseGradUpda
                                   .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
                                   .Ret<xla::ffi::AnyBuffer>()  // workspace
+                                  .Attr<int64_t>("optimizer")
+                                  .Attr<int64_t>("per_id"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkSparseGradStageCuda, embark::SparseGradStageCudaImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Ret<xla::ffi::AnyBuffer>()              // rows
+                                  .Ret<xla::ffi::AnyBuffer>()              // values
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // staged slot a
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // staged slot b
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // num_unique
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // finite
+                                  .Ret<xla::ffi::AnyBuffer>()              // workspace
                                   .Attr<int64_t>("optimizer")
                                   .Attr<int64_t>("per_id"),
                               {xla::ffi::Traits::kCmdBufferCompatible});

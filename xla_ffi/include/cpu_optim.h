@@ -37,46 +37,90 @@ struct RowStore<uint16_t> {
   }
 };
 
-// Applies one optimizer step to row r of the table with gradient g[0..d).
+// One row's weights and optimizer slots: read from the `in` pointers, the updated values
+// written to the `out` pointers. An in-place update points both at the table's row r; a
+// staged update reads the table's row and writes a staging row (nothing of the table).
+// Slot a/b point at the row's per-element slots (d floats) or its per-row slot (1 float),
+// as the optimizer's ABI footprint says; unused ones are never touched.
 template <typename T>
-inline void ApplyRow(Optimizer opt, T* table, float* sa, float* sb, int64_t r, const float* g,
-                     int64_t d, const abi::Hparams& h) {
+struct RowIO {
+  const T* w;
+  const float* a;
+  const float* b;
+  T* w_out;
+  float* a_out;
+  float* b_out;
+};
+
+// Whether a stored element is finite (an update that overflowed bfloat16's range is not).
+inline bool StoredFinite(float v) { return std::isfinite(v); }
+inline bool StoredFinite(uint16_t v) { return (v & 0x7f80u) != 0x7f80u; }
+
+// Applies one optimizer step to the row `io` (row r of the table: r keys the stochastic
+// rounding) with gradient g[0..d). With kCheck, returns whether every value written is finite
+// (a staged update's verdict); without, true.
+template <bool kCheck, typename T>
+inline bool UpdateRow(Optimizer opt, const RowIO<T>& io, int64_t r, const float* g, int64_t d,
+                      const abi::Hparams& h) {
   const float lr = h.lr, eps = h.eps, b1 = h.b1, b2 = h.b2;
   const bool sr = h.stochastic;
   const uint32_t key = sr ? abi::RowKey(h.seed, r) : 0u;
-  T* w = table + r * d;
-  auto store = [w, sr, key](int64_t j, float v) { RowStore<T>::Store(w, j, v, sr, key); };
+  T* w = io.w_out;
+  bool finite = true;
+  auto store = [w, sr, key, &finite](int64_t j, float v) {
+    RowStore<T>::Store(w, j, v, sr, key);
+    if (kCheck) finite &= StoredFinite(w[j]);
+  };
   switch (opt) {
     case Optimizer::SGD:
-      for (int64_t j = 0; j < d; ++j) store(j, Elem<T>::Load(w, j) - lr * g[j]);
+      for (int64_t j = 0; j < d; ++j) store(j, Elem<T>::Load(io.w, j) - lr * g[j]);
       break;
-    case Optimizer::ADAGRAD: {
-      float* a = sa + r * d;
+    case Optimizer::ADAGRAD:
       for (int64_t j = 0; j < d; ++j) {
-        a[j] += g[j] * g[j];
-        store(j, Elem<T>::Load(w, j) - lr * g[j] / (std::sqrt(a[j]) + eps));
+        const float a = io.a[j] + g[j] * g[j];
+        io.a_out[j] = a;
+        if (kCheck) finite &= std::isfinite(a);
+        store(j, Elem<T>::Load(io.w, j) - lr * g[j] / (std::sqrt(a) + eps));
       }
       break;
-    }
     case Optimizer::ROW_WISE_ADAGRAD: {
       float sq = 0.0f;
       for (int64_t j = 0; j < d; ++j) sq += g[j] * g[j];
-      sa[r] += sq / static_cast<float>(d);
-      const float step = lr / (std::sqrt(sa[r]) + eps);
-      for (int64_t j = 0; j < d; ++j) store(j, Elem<T>::Load(w, j) - step * g[j]);
+      const float a = io.a[0] + sq / static_cast<float>(d);
+      io.a_out[0] = a;
+      if (kCheck) finite &= std::isfinite(a);
+      const float step = lr / (std::sqrt(a) + eps);
+      for (int64_t j = 0; j < d; ++j) store(j, Elem<T>::Load(io.w, j) - step * g[j]);
       break;
     }
-    case Optimizer::ADAM: {
-      float* m = sa + r * d;
-      float* v = sb + r * d;
+    case Optimizer::ADAM:
       for (int64_t j = 0; j < d; ++j) {
-        m[j] = b1 * m[j] + (1.0f - b1) * g[j];
-        v[j] = b2 * v[j] + (1.0f - b2) * g[j] * g[j];
-        store(j, Elem<T>::Load(w, j) - lr * m[j] / (std::sqrt(v[j]) + eps));
+        const float m = b1 * io.a[j] + (1.0f - b1) * g[j];
+        const float v = b2 * io.b[j] + (1.0f - b2) * g[j] * g[j];
+        io.a_out[j] = m;
+        io.b_out[j] = v;
+        if (kCheck) finite &= std::isfinite(m) && std::isfinite(v);
+        store(j, Elem<T>::Load(io.w, j) - lr * m / (std::sqrt(v) + eps));
       }
       break;
-    }
   }
+  return finite;
+}
+
+// Row r's slot pointer in a slot operand of optimizer `opt` (slot 0 = a, 1 = b): per-element
+// slots hold d floats a row, per-row slots one; nullptr when the optimizer has no such slot.
+inline float* SlotRow(Optimizer opt, int slot, float* base, int64_t r, int64_t d) {
+  const int64_t width = abi::SlotRowWidth(static_cast<int64_t>(opt), slot, d);
+  return width ? base + r * width : nullptr;
+}
+
+// Applies one optimizer step to row r of the table and its slots, in place.
+template <typename T>
+inline void ApplyRow(Optimizer opt, T* table, float* sa, float* sb, int64_t r, const float* g,
+                     int64_t d, const abi::Hparams& h) {
+  float* a = SlotRow(opt, 0, sa, r, d);
+  float* b = SlotRow(opt, 1, sb, r, d);
+  UpdateRow<false>(opt, RowIO<T>{table + r * d, a, b, table + r * d, a, b}, r, g, d, h);
 }
 
 // Copies src to dst unless XLA aliased them (input_output_aliases).

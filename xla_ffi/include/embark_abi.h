@@ -57,13 +57,15 @@
 // The FFI targets: X(name, HandlerStem). The target is registered as "embark_<name>" on
 // every platform; its handlers are the symbols Embark<HandlerStem>Cpu (cpu/) and
 // Embark<HandlerStem>Cuda (cuda/), declared from this list by each backend's kernels.h.
-#define EMBARK_ABI_TARGETS(X)            \
-  X(segment_sum, SegmentSum)             \
-  X(lookup_pool, LookupPool)             \
-  X(unique, Unique)                      \
-  X(sparse_grad, SparseGrad)             \
-  X(sparse_update, SparseUpdate)         \
-  X(sparse_grad_update, SparseGradUpdate)
+#define EMBARK_ABI_TARGETS(X)             \
+  X(segment_sum, SegmentSum)              \
+  X(lookup_pool, LookupPool)              \
+  X(unique, Unique)                       \
+  X(sparse_grad, SparseGrad)              \
+  X(sparse_update, SparseUpdate)          \
+  X(sparse_grad_update, SparseGradUpdate) \
+  X(sparse_grad_stage, SparseGradStage)   \
+  X(commit_rows, CommitRows)
 
 // The target name of a list entry: EMBARK_ABI_TARGET_NAME(lookup_pool) == "embark_lookup_pool".
 #define EMBARK_ABI_TARGET_NAME(name) "embark_" #name
@@ -133,6 +135,40 @@ inline int64_t SlotElements(int64_t opt, int slot, int64_t vocab, int64_t d) {
   if (slot < kSlotsPerElement[opt]) return vocab * d;
   if (slot < kSlotsPerElement[opt] + kSlotsPerRow[opt]) return vocab;
   return 0;
+}
+
+// The footprint of optimizer id `opt` as switch statements generated from the list, so that
+// device code (which cannot index the host arrays above) reads the same numbers.
+#define EMBARK_ABI_CASE_PER_ELEMENT(name, value, per_element, per_row) \
+  case value:                                                         \
+    return per_element;
+#define EMBARK_ABI_CASE_PER_ROW(name, value, per_element, per_row) \
+  case value:                                                     \
+    return per_row;
+EMBARK_HOST_DEVICE constexpr int64_t SlotsPerElement(int64_t opt) {
+  switch (opt) {
+    EMBARK_ABI_OPTIMIZERS(EMBARK_ABI_CASE_PER_ELEMENT)
+    default:
+      return 0;
+  }
+}
+EMBARK_HOST_DEVICE constexpr int64_t SlotsPerRow(int64_t opt) {
+  switch (opt) {
+    EMBARK_ABI_OPTIMIZERS(EMBARK_ABI_CASE_PER_ROW)
+    default:
+      return 0;
+  }
+}
+#undef EMBARK_ABI_CASE_PER_ELEMENT
+#undef EMBARK_ABI_CASE_PER_ROW
+
+// float32 elements a row of the table has in slot operand `slot` (0 = a, 1 = b) of
+// optimizer id `opt`: d for a per-element slot, 1 for a per-row one, 0 for none. A staged
+// update (sparse_grad_stage) writes rows of these widths.
+EMBARK_HOST_DEVICE constexpr int64_t SlotRowWidth(int64_t opt, int slot, int64_t d) {
+  return slot < SlotsPerElement(opt)                      ? d
+         : slot < SlotsPerElement(opt) + SlotsPerRow(opt) ? 1
+                                                           : 0;
 }
 
 // The hparams operand unpacked by its layout; the only place that reads it by index.

@@ -168,4 +168,73 @@ inline ffi::Error CheckSparseGradUpdate(const ffi::AnyBuffer& table, const F32Bu
   return c.failed() ? c.error() : ffi::Error::Success();
 }
 
+// The staged rows of sparse_grad_stage / commit_rows: rows [C] int; values [C, D] in the
+// table's dtype; staged slots holding at least C rows of the optimizer's slot widths.
+inline void CheckStagedRows(Check& c, const ffi::AnyBuffer& table, const ffi::AnyBuffer& rows,
+                            const ffi::AnyBuffer& values, const F32Buffer& staged_a,
+                            const F32Buffer& staged_b, int64_t optimizer, int64_t d) {
+  const int64_t cap = static_cast<int64_t>(rows.element_count());
+  c.IdType("rows", rows.element_type())
+      .Rank("values", values, 2, "[C, D]")
+      .Dim("values", values, 0, cap, "C, one per row")
+      .Dim("values", values, 1, d, "D, the table's width")
+      .Type("values", values.element_type(), table.element_type(), "the table's dtype");
+  if (c.failed()) return;
+  const std::string why = std::string(abi::kOptimizerNames[optimizer]) + " staged rows";
+  c.MinCount("staged slot_a", staged_a, cap * abi::SlotRowWidth(optimizer, 0, d), why)
+      .MinCount("staged slot_b", staged_b, cap * abi::SlotRowWidth(optimizer, 1, d), why);
+}
+
+// embark_sparse_grad_stage: the optimizer operands (the table is only read), the gradient
+// operands, the staged rows (C = N, one per id) and num_unique [], finite [].
+inline ffi::Error CheckSparseGradStage(const ffi::AnyBuffer& table, const F32Buffer& slot_a,
+                                       const F32Buffer& slot_b, const ffi::AnyBuffer& grads,
+                                       const ffi::AnyBuffer& ids, const ffi::AnyBuffer& seg,
+                                       const F32Buffer& scale, const F32Buffer& hparams,
+                                       int64_t optimizer, bool per_id,
+                                       const ffi::AnyBuffer& rows, const ffi::AnyBuffer& values,
+                                       const F32Buffer& staged_a, const F32Buffer& staged_b,
+                                       const S32Buffer& num_unique, const S32Buffer& finite) {
+  Check c("sparse_grad_stage");
+  CheckOptimizerOperands(c, table, slot_a, slot_b, hparams, optimizer);
+  c.Count("num_unique", num_unique, 1, "a scalar").Count("finite", finite, 1, "a scalar");
+  if (c.failed()) return c.error();
+  const int64_t d = table.dimensions()[1];
+  CheckGradOperands(c, grads, ids, seg, scale, per_id, d, "D, the table's width");
+  c.Count("rows", rows, static_cast<int64_t>(ids.element_count()), "[N], one per id")
+      .Type("rows", rows.element_type(), ids.element_type(), "the dtype of ids");
+  CheckStagedRows(c, table, rows, values, staged_a, staged_b, optimizer, d);
+  return c.failed() ? c.error() : ffi::Error::Success();
+}
+
+// embark_commit_rows: a table [..., D] of any rank >= 2 (its rows are all leading
+// dimensions: a shard_map block [1, R, D] is updated without a reshape, which would make XLA
+// copy the aliased buffer), its slots, the staged rows, and commit [] int32; the outputs
+// alias the table and slots.
+inline ffi::Error CheckCommitRows(const ffi::AnyBuffer& table, const F32Buffer& slot_a,
+                                  const F32Buffer& slot_b, const ffi::AnyBuffer& rows,
+                                  const ffi::AnyBuffer& values, const F32Buffer& staged_a,
+                                  const F32Buffer& staged_b, const S32Buffer& commit,
+                                  int64_t optimizer, const ffi::AnyBuffer& table_out,
+                                  const F32Buffer& slot_a_out, const F32Buffer& slot_b_out) {
+  Check c("commit_rows");
+  c.FloatType("table", table.element_type())
+      .Attr("optimizer", optimizer, abi::kOptimizerNames, abi::kNumOptimizers)
+      .Count("commit", commit, 1, "a scalar");
+  if (!c.failed() && table.dimensions().size() < 2) {
+    c.Rank("table", table, 2, "[..., R, D]");
+  }
+  if (c.failed()) return c.error();
+  const auto dims = table.dimensions();
+  const int64_t d = dims[dims.size() - 1];
+  const int64_t vocab = d ? static_cast<int64_t>(table.element_count()) / d : 0;
+  const std::string why = std::string(abi::kOptimizerNames[optimizer]) + " on " +
+                          std::to_string(vocab) + " rows of width " + std::to_string(d);
+  c.MinCount("slot_a", slot_a, abi::SlotElements(optimizer, 0, vocab, d), why)
+      .MinCount("slot_b", slot_b, abi::SlotElements(optimizer, 1, vocab, d), why);
+  CheckOptimizerOutputs(c, table, slot_a, slot_b, table_out, slot_a_out, slot_b_out);
+  CheckStagedRows(c, table, rows, values, staged_a, staged_b, optimizer, d);
+  return c.failed() ? c.error() : ffi::Error::Success();
+}
+
 }  // namespace embark

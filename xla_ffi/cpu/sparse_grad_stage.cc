@@ -1,0 +1,146 @@
+// The fused backward + optimizer of sparse_grad_update, staged: dedup the looked-up ids,
+// reduce each unique row's gradient and compute the row's updated weights and slots, but
+// write them to staging rows instead of the table, and say whether every staged value is
+// finite. The table and slots are only read. commit_rows then writes the staged rows, or
+// nothing: a training step decides on device, between the two calls, whether to commit
+// (the staged rows, the loss and the dense update all finite, no refused overflow).
+//
+// Staged row k holds the k-th smallest distinct valid id; rows past the distinct count are
+// -1. bfloat16 values are rounded exactly as the in-place kernels round them (cpu_optim.h),
+// so committing the staged rows gives the table sparse_grad_update would have written.
+#include <atomic>
+#include <vector>
+
+#include "cpu_grad.h"
+#include "cpu_optim.h"
+#include "cpu_sort.h"
+#include "embark_dispatch.h"
+#include "embark_ffi.h"
+#include "embark_operands.h"
+#include "kernels.h"
+
+namespace embark {
+namespace {
+
+// Where the staged rows go, and the dedup'd ids and operands every worker reads.
+struct Stage {
+  const SortedIds* s;
+  const std::vector<int64_t>* starts;
+  int64_t vocab, d, num_src, wa, wb;
+  const ffi::AnyBuffer* seg;
+  bool per_id;
+  const float* scale;
+  Optimizer opt;
+  abi::Hparams hp;
+  const float* sa;  // the table's slots (read)
+  const float* sb;
+  float* out_a;  // staged slots [C, wa], [C, wb]
+  float* out_b;
+};
+
+// Stages every unique row; returns whether every staged value is finite. out_rows[k] is the
+// k-th unique id, or -1 when it is outside the table (its run is skipped).
+template <typename T, typename G, typename R>
+bool Run(ffi::ThreadPool& pool, const Stage& p, const T* table, const G* grads, T* values,
+         R* out_rows) {
+  const SortedIds& s = *p.s;
+  const std::vector<int64_t>& starts = *p.starts;
+  const int64_t u = static_cast<int64_t>(starts.size()) - 1;
+  const int64_t d = p.d;
+  std::atomic<bool> all_finite{true};
+  ParallelFor(pool, u, 64, [&, table, grads, values, out_rows, d](int64_t k0, int64_t k1) {
+    std::vector<float> acc(d);
+    bool finite = true;
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t r = static_cast<int64_t>(s.keys[starts[k]]);
+      if (r >= p.vocab) {
+        out_rows[k] = static_cast<R>(-1);
+        continue;
+      }
+      if (k + 2 < k1) Prefetch(table + static_cast<int64_t>(s.keys[starts[k + 2]]) * d);
+      AccumulateRun(s, starts, k, grads, d, p.num_src, *p.seg, p.per_id, p.scale, acc.data());
+      const RowIO<T> io{table + r * d,
+                        p.wa ? p.sa + r * p.wa : nullptr,
+                        p.wb ? p.sb + r * p.wb : nullptr,
+                        values + k * d,
+                        p.wa ? p.out_a + k * p.wa : nullptr,
+                        p.wb ? p.out_b + k * p.wb : nullptr};
+      finite &= UpdateRow<true>(p.opt, io, r, acc.data(), d, p.hp);
+      out_rows[k] = static_cast<R>(r);
+    }
+    if (!finite) all_finite.store(false, std::memory_order_relaxed);
+  });
+  return all_finite.load();
+}
+
+ffi::Error SparseGradStageImpl(
+    ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffer<ffi::F32> slot_a,
+    ffi::Buffer<ffi::F32> slot_b, ffi::AnyBuffer grads, ffi::AnyBuffer ids, ffi::AnyBuffer seg,
+    ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> hparams, ffi::Result<ffi::AnyBuffer> rows,
+    ffi::Result<ffi::AnyBuffer> values, ffi::Result<ffi::Buffer<ffi::F32>> staged_a,
+    ffi::Result<ffi::Buffer<ffi::F32>> staged_b, ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
+    ffi::Result<ffi::Buffer<ffi::S32>> finite, ffi::Result<ffi::AnyBuffer> /*workspace: CUDA*/,
+    int64_t optimizer, int64_t per_id) {
+  ffi::Error err = CheckSparseGradStage(table, slot_a, slot_b, grads, ids, seg, scale, hparams,
+                                        optimizer, per_id != 0, *rows, *values, *staged_a,
+                                        *staged_b, *num_unique, *finite);
+  if (err.failure()) return err;
+  const int64_t n = static_cast<int64_t>(ids.element_count());
+  const int64_t d = table.dimensions()[1];
+  SortedIds s = SortValidIds(n, [&ids](int64_t i) { return LoadId(ids, i); });
+  std::vector<int64_t> starts = RunStarts(s.keys);
+  const int64_t u = static_cast<int64_t>(starts.size()) - 1;
+  const Stage p{&s, &starts, table.dimensions()[0], d, grads.dimensions()[0],
+                abi::SlotRowWidth(optimizer, 0, d), abi::SlotRowWidth(optimizer, 1, d), &seg,
+                per_id != 0, scale.typed_data(), static_cast<Optimizer>(optimizer),
+                abi::LoadHparams(hparams.typed_data()), slot_a.typed_data(), slot_b.typed_data(),
+                staged_a->typed_data(), staged_b->typed_data()};
+  bool ok = true;
+  const char* kernel = "sparse_grad_stage";
+  err = DispatchFloat<HostBf16>(kernel, "table", table.element_type(), [&](auto t) {
+    return DispatchFloat<HostBf16>(kernel, "grads", grads.element_type(), [&](auto g) {
+      using T = EMBARK_TYPE(t);
+      using G = EMBARK_TYPE(g);
+      const T* tab = static_cast<const T*>(table.untyped_data());
+      const G* grd = static_cast<const G*>(grads.untyped_data());
+      T* val = static_cast<T*>(values->untyped_data());
+      if (rows->element_type() == ffi::DataType::S64) {
+        int64_t* out = static_cast<int64_t*>(rows->untyped_data());
+        ok = Run(pool, p, tab, grd, val, out);
+        for (int64_t k = u; k < n; ++k) out[k] = -1;
+      } else {
+        int32_t* out = static_cast<int32_t*>(rows->untyped_data());
+        ok = Run(pool, p, tab, grd, val, out);
+        for (int64_t k = u; k < n; ++k) out[k] = -1;
+      }
+    });
+  });
+  if (err.failure()) return err;
+  num_unique->typed_data()[0] = static_cast<int32_t>(u);
+  finite->typed_data()[0] = ok ? 1 : 0;
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace embark
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkSparseGradStageCpu, embark::SparseGradStageImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::AnyBuffer>()              // table [V, D]
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // slot a
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // slot b
+                                  .Arg<xla::ffi::AnyBuffer>()              // grads [S, D]
+                                  .Arg<xla::ffi::AnyBuffer>()              // ids [N]
+                                  .Arg<xla::ffi::AnyBuffer>()              // segment_ids [N]
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // scale [N]
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // hparams
+                                  .Ret<xla::ffi::AnyBuffer>()              // rows [N]
+                                  .Ret<xla::ffi::AnyBuffer>()              // values [N, D]
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // staged slot a
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // staged slot b
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // num_unique []
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // finite []
+                                  .Ret<xla::ffi::AnyBuffer>()              // workspace
+                                  .Attr<int64_t>("optimizer")
+                                  .Attr<int64_t>("per_id"));
