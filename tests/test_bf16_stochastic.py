@@ -325,9 +325,9 @@ def test_train_step_seeds_each_step():
             labels=np.ones((B,), np.float32),
             sparse=SparseFeatures.from_dense(ids, config=config),
         )
-        runner = StepRunner(setup)  # transactional: the input state stays valid
-        s1, _ = runner.step(state, batch)
-        s2, _ = runner.step(state, batch)
+        runner = StepRunner(setup)  # donates: each step gets its own copy of the state
+        s1, _ = runner.step(jax.tree.map(jnp.copy, state), batch)
+        s2, _ = runner.step(jax.tree.map(jnp.copy, state), batch)
         for a, b in zip(jax.tree.leaves(s1.tables), jax.tree.leaves(s2.tables), strict=True):
             np.testing.assert_array_equal(bits(a), bits(b))  # same state, same seed
         tables[sr] = train_state.full_tables(setup, s1)

@@ -200,7 +200,7 @@ def trained():
     losses = []
     for i in range(3):
         state, r = runner.step(state, ds.batch(i))
-        losses.append(r.loss)
+        losses.append(float(r.loss))
     return {"runner": runner, "state": state, "ds": ds, "losses": losses, "tables0": tables0}
 
 

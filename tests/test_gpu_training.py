@@ -108,7 +108,7 @@ def _one_gpu_training_step_matches_reference():
     loss, (_, ge) = jax.value_and_grad(loss_fn, argnums=(0, 1))(params0, emb)
     want_tables, _ = collection_ref.update(T.CFG, tables0, batch.sparse, ge, opt)
     state, r = runner.step(state, batch)
-    assert r.loss == pytest.approx(float(loss), rel=1e-4)
+    assert float(r.loss) == pytest.approx(float(loss), rel=1e-4)
     got_tables = train_state.full_tables(setup, state)
     for name, want in want_tables.items():
         np.testing.assert_allclose(got_tables[name], want, rtol=1e-4, atol=1e-5, err_msg=name)

@@ -1,10 +1,11 @@
-"""Transactional steps (issue #11 items 4, 5): a step whose update produces NaN is refused
-and never checkpointed; under `overflow="error"` nothing is committed before the raise; the
-caller keeps a usable state equal to the one before the step. Optimizer hyper-parameters
-are validated at construction."""
+"""Transactional steps, in place: a step whose update produces NaN is refused on the device
+and never checkpointed; under `overflow="error"` nothing is committed; the state the step
+returns (the caller's state was donated) equals the one before the step and trains on.
+Optimizer hyper-parameters are validated at construction."""
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -26,25 +27,26 @@ def nan_after(n):
 
 
 def test_an_update_that_produces_nan_is_refused_and_never_checkpointed(tmp_path):
-    """Before: the check ran on the loss computed before the update, so step 3's NaN
-    parameters were accepted, checkpointed, and named as the last good checkpoint."""
+    """The verdict covers the dense update, not only the loss computed before it: step 3's
+    NaN parameters are refused on the device, never checkpointed, and the last good
+    checkpoint is named."""
     runner, state, ds = tiny(dense_opt=nan_after(2))
     saver = CheckpointEvery(str(tmp_path), runner, every=1, last_step=5)
     state, _ = fit(runner, state, ds, 2, callbacks=[saver])
     before = tables_of(runner, state)
     with pytest.raises(
         NonFiniteLossError,
-        match=r"non-finite state after the update at step 3 \(the step was not applied.*\); "
+        match=r"non-finite dense update at step 3 \(the step was not applied.*\); "
         r"last good checkpoint: .*step_00000002",
     ) as e:
         fit(runner, state, ds, 3, start=2, callbacks=[saver])
     assert ckpt.latest_step(str(tmp_path)) == 2
-    assert_tables_equal(tables_of(runner, e.value.state), before)  # fit hands it back
+    assert all(buf.is_deleted() for buf in state.tables.values())  # donated: in place
+    kept = e.value.state  # fit hands back the last committed state
+    assert int(kept.step) == 2
+    assert_tables_equal(tables_of(runner, kept), before)
     restored, _ = ckpt.restore(str(tmp_path), runner.setup)
     assert int(restored.step) == 2
-    # the caller's state is the one before the failed step, and still usable
-    assert int(state.step) == 2
-    assert_tables_equal(tables_of(runner, state), before)
     assert all(np.isfinite(v).all() for v in before.values())
 
 
@@ -57,26 +59,34 @@ def test_save_refuses_a_non_finite_state(tmp_path):
 
 
 def test_overflow_error_commits_nothing_and_the_state_stays_usable():
-    """Before: the donated step ran (step counter, tables, dense params updated without
-    the overflowing ids) and then the runner raised; a retry applied the batch twice."""
+    """Under `error` the device refuses the overflowing step: the step counter, tables and
+    dense parameters of the returned state are the ones before it, and it trains on; the
+    error comes when the runner reads the step's flags (here `sync`)."""
     runner, state, ds = tiny(policy="error", factor=0.2)
     batch = ds.batch(0)
     before = tables_of(runner, state)
-    with pytest.raises(CapacityOverflowError, match=r"'a'.*at step 1; the step was not applied"):
-        runner.step(state, batch)
-    assert int(state.step) == 0
-    assert_tables_equal(tables_of(runner, state), before)
-    # the same state trains on under another policy: nothing was lost or donated
+    dense = jax.tree.map(np.asarray, state.dense_params)
+    new, _ = runner.step(state, batch)
+    with pytest.raises(
+        CapacityOverflowError, match=r"at step 1 \(.*'a'.*the step was not applied"
+    ) as e:
+        runner.sync()
+    assert e.value.step == 1
+    assert int(new.step) == 0
+    assert_tables_equal(tables_of(runner, new), before)
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, new.dense_params), dense)
+    # the same state trains on under another policy
     counting, _, _ = tiny(policy="count", factor=0.2)
-    new, r = counting.step(state, batch)
-    assert int(new.step) == 1 and r.overflow["a"] > 0
+    new, _ = counting.step(new, batch)
+    assert int(new.step) == 1 and counting.totals().overflow["a"] > 0
 
 
-def test_in_place_runner_says_the_state_is_lost():
-    runner, state, ds = tiny(policy="error", factor=0.2, transactional=False)
-    with pytest.raises(CapacityOverflowError, match="donated and is lost"):
-        runner.step(state, ds.batch(0))
-    assert all(buf.is_deleted() for buf in state.tables.values())
+def test_a_donated_state_is_refused_with_a_message():
+    runner, state, ds = tiny()
+    runner.step(state, ds.batch(0))
+    assert all(buf.is_deleted() for buf in state.tables.values())  # updated in place
+    with pytest.raises(ValueError, match="donated to an earlier step"):
+        runner.step(state, ds.batch(1))
 
 
 BAD_HPARAMS = [

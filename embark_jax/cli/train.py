@@ -56,7 +56,8 @@ def _datasets(args, config, say):
     return ds, [ds.batch(i) for i in range(args.eval_batches)]
 
 
-def _sparse_optimizer(name: str, lr: float):
+def _sparse_optimizer(name: str, lr, schedule=None):
+    """The sparse optimizer `name` at rate `lr`, or under `schedule` (`--lr-schedule`)."""
     from embark_jax.ops import optimizers as O
 
     return {
@@ -64,7 +65,7 @@ def _sparse_optimizer(name: str, lr: float):
         "adagrad": O.Adagrad,
         "rowwise_adagrad": O.RowWiseAdagrad,
         "adam": O.Adam,
-    }[name](learning_rate=lr)
+    }[name](learning_rate=schedule(lr) if schedule else lr)
 
 
 def _model_spec(args):
@@ -145,8 +146,10 @@ def _build(args, config, plan):
         config,
         plan,
         dense=dense,
-        sparse_optimizer=_sparse_optimizer(args.optimizer, args.lr),
-        dense_optimizer=optax.adam(args.dense_lr),
+        sparse_optimizer=_sparse_optimizer(args.optimizer, args.lr, args.lr_schedule),
+        dense_optimizer=optax.adam(
+            args.lr_schedule(args.dense_lr) if args.lr_schedule else args.dense_lr
+        ),
         seed=args.seed,
         options=options,
     )
@@ -196,7 +199,7 @@ def _callbacks(args, runner, start, lead):
         proc, at = (int(x) for x in args.debug_exit_at.split(":"))
         cbs.append(ExitAtStep(proc, at))
     if lead:
-        cbs.append(Progress(args.steps, args.batch_size, start, args.log_every, sys.stdout))
+        cbs.append(Progress(runner, args.steps, args.batch_size, start, args.log_every, sys.stdout))
     if args.checkpoint_dir:
         import jax
 
@@ -216,8 +219,8 @@ def _callbacks(args, runner, start, lead):
 
         jsonl = os.path.join(args.log_dir, "metrics.jsonl")
         loggers = [
-            JsonLinesLogger(jsonl, args.batch_size, args.log_every),
-            TensorBoardLogger(args.log_dir, args.batch_size, args.log_every),
+            JsonLinesLogger(jsonl, runner, args.batch_size, args.log_every),
+            TensorBoardLogger(args.log_dir, runner, args.batch_size, args.log_every),
         ]
     return cbs + loggers, loggers
 

@@ -19,6 +19,16 @@ OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 DEFAULT_BATCH = 1024
 
 
+def lr_schedule(text: str):
+    """`--lr-schedule`'s value (`training.schedules.WarmupDecay.parse`)."""
+    from embark_jax.training.schedules import WarmupDecay
+
+    try:
+        return WarmupDecay.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=model_name, default="dcnv2-mini", help=models_help())
     p.add_argument(
@@ -59,6 +69,15 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default="adagrad", choices=OPTIMIZERS, help="sparse optimizer")
     p.add_argument("--lr", type=positive_float, default=0.05, help="sparse learning rate")
     p.add_argument("--dense-lr", type=positive_float, default=1e-3, help="dense Adam rate")
+    p.add_argument(
+        "--lr-schedule",
+        type=lr_schedule,
+        default=None,
+        metavar="warmup=N,decay_start=N,decay_steps=N",
+        help="MLPerf DLRM's schedule for --lr and --dense-lr: linear warm-up from 0, then "
+        "constant, then polynomial (power 2) decay to 0; evaluated on the device every step, "
+        "no recompiling (default: constant rates)",
+    )
     p.add_argument("--dense-net", default="mini", choices=("mini", "paper"), help="MLP sizes")
     p.add_argument("--model-kind", default="dcnv2", choices=("dcnv2", "dlrm"), help="dense model")
     p.add_argument(

@@ -1,6 +1,7 @@
-"""Host-side checks of the per-table counts a lookup reports (`docs/design.md` §6): ids lost
-to a routing or dedup capacity (`CapacityOverflowError`) and ids outside their table's
-vocabulary (`InvalidIdError`). Both look only at concrete counts (outside `jax.jit`)."""
+"""Host-side checks of what a lookup or an update reports (`docs/design.md` §6): ids lost
+to a routing or dedup capacity (`CapacityOverflowError`), ids outside their table's
+vocabulary (`InvalidIdError`) and an update refused for non-finite values
+(`NonFiniteUpdateError`). All look only at concrete values (outside `jax.jit`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from typing import Any
 
 import jax
 
-__all__ = ["CapacityOverflowError", "InvalidIdError", "check_invalid", "check_overflow"]
+__all__ = [
+    "CapacityOverflowError",
+    "InvalidIdError",
+    "NonFiniteUpdateError",
+    "check_applied",
+    "check_invalid",
+    "check_overflow",
+]
 
 
 class CapacityOverflowError(RuntimeError):
@@ -18,6 +26,21 @@ class CapacityOverflowError(RuntimeError):
 
 class InvalidIdError(ValueError):
     """Ids outside their table's vocabulary reached the run time (strict mode)."""
+
+
+class NonFiniteUpdateError(FloatingPointError):
+    """A sparse update would have written NaN or inf; nothing was applied."""
+
+
+def check_applied(applied: Any, what: str) -> None:
+    """Raises `NonFiniteUpdateError` if a transactional update was refused (a concrete
+    `applied` flag only; inside `jax.jit` the caller reads it)."""
+    if isinstance(applied, jax.core.Tracer) or bool(applied):
+        return
+    raise NonFiniteUpdateError(
+        f"{what}: the update would write NaN or inf (non-finite gradients or a diverging "
+        "learning rate); nothing was applied, the tables and optimizer slots are unchanged"
+    )
 
 
 def _nonzero(counts: Mapping[str, Any]) -> dict[str, int] | None:

@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from embark_jax import ops
 from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.plan import Plan
 from embark_jax.core.specs import EmbeddingConfig
@@ -30,6 +31,8 @@ from embark_jax.sharding.bounds import bounds_check, host_batch
 from embark_jax.sharding.checks import (
     CapacityOverflowError,
     InvalidIdError,
+    NonFiniteUpdateError,
+    check_applied,
     check_invalid,
     check_overflow,
 )
@@ -44,6 +47,7 @@ __all__ = [
     "InvalidIdError",
     "LookupOutputs",
     "LookupResult",
+    "NonFiniteUpdateError",
     "apply_gradients_fn",
     "check_invalid",
     "check_overflow",
@@ -79,7 +83,8 @@ class EmbeddingOptState(nnx.Variable):
 
 class RoundingCounter(nnx.Variable):
     """uint32 `[key words..., updates applied]`: the stochastic-rounding seed of the next
-    `apply_gradients` is `rounding_seed(key words, updates applied)`."""
+    `apply_gradients` is `rounding_seed(key words, updates applied)`, and the sparse
+    optimizers' step counter (learning-rate schedules) is the updates applied."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -171,13 +176,25 @@ def apply_gradients_fn(
     optimizers: Mapping[str, SparseOptimizer],
     batch_like: SparseFeatures,
     seed: jax.Array | None = None,
+    *,
+    step: jax.Array | int | None = None,
+    allow: jax.Array | bool = True,
 ):
-    """Functional two-phase backward: returns the updated `(buffers, states)`.
+    """Functional two-phase backward, in place and transactional: returns the
+    `(buffers, states, applied)` after the update.
 
-    `optimizers` maps each group (buffer) name to its sparse optimizer. `seed` (uint32
-    scalar, a new one every step: `optimizers.rounding_seed(key, step)`) drives the
-    stochastic rounding of bfloat16 tables with `stochastic_rounding`; it is required when
-    there are such tables."""
+    Every group's update is staged first (`ops.stage_backward_update`: the new values of the
+    rows the batch touches, O(ids); the buffers are only read). The update is committed, on
+    every device at once, only if `allow` (a bool scalar the caller decides, e.g. a finite
+    loss) holds and every staged value on every device is finite; otherwise nothing is
+    written and the buffers and states come back bit-identical. `applied` (`[]` bool,
+    replicated) says which happened. Donate `buffers` and `states` to update in place.
+
+    `optimizers` maps each group (buffer) name to its sparse optimizer; `step` is their step
+    counter (a learning-rate schedule is evaluated at it; required for scheduled rates).
+    `seed` (uint32 scalar, a new one every step: `optimizers.rounding_seed(key, step)`)
+    drives the stochastic rounding of bfloat16 tables with `stochastic_rounding`; it is
+    required when there are such tables."""
     clusters = _clusters_for(lowered, batch_like, options)
     spec = lowered.spec
     stochastic = [g.name for g in lowered.groups if g.stochastic_rounding]
@@ -188,22 +205,30 @@ def apply_gradients_fn(
             "seed=rounding_seed(key, step)"
         )
     seed = jnp.zeros((), jnp.uint32) if seed is None else jnp.asarray(seed).astype(jnp.uint32)
+    step = jnp.zeros((), jnp.int32) if step is None else jnp.asarray(step, jnp.int32)
 
-    def body(bufs, sts, res, grads, seed):
-        new_b, new_s = {}, {}
+    def body(bufs, sts, res, grads, seed, step, allow):
+        staged, finite = {}, jnp.bool_(True)
         for gname, cl in clusters.items():
             local_state = jax.tree.map(lambda x: x[0], sts[gname])
             r = jax.tree.map(lambda x: x[0], res[gname])
-            b, s = cl.backward_update(
-                bufs[gname][0], local_state, r, grads, optimizers[gname], seed
+            staged[gname] = cl.backward_stage(
+                bufs[gname][0], local_state, r, grads, optimizers[gname], step, seed
             )
-            new_b[gname] = b[None]
-            new_s[gname] = jax.tree.map(lambda x: x[None], s)
-        return new_b, new_s
+            finite &= staged[gname].finite
+        bad = jax.lax.psum((~finite).astype(jnp.int32), lowered.axis_names)
+        commit = allow & (bad == 0)
+        new_b, new_s = {}, {}
+        for gname in clusters:
+            new_b[gname], new_s[gname] = ops.commit_update(
+                bufs[gname], sts[gname], staged[gname], commit, optimizer=optimizers[gname]
+            )
+        return new_b, new_s, commit
 
-    in_specs = (spec, spec, spec, spec, P())
-    run = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=(spec, spec))
-    return run(dict(buffers), dict(states), residuals, dict(output_grads), seed)
+    in_specs = (spec, spec, spec, spec, P(), P(), P())
+    run = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=(spec, spec, P()))
+    allow = jnp.asarray(allow, bool)
+    return run(dict(buffers), dict(states), residuals, dict(output_grads), seed, step, allow)
 
 
 @functools.lru_cache(maxsize=32)
@@ -219,11 +244,15 @@ def _jit_apply(
     optimizers: tuple[tuple[str, SparseOptimizer], ...],
 ):
     def run(buffers, states, residuals, output_grads, batch_like, rounding):
-        seed = rounding_seed(rounding[:-1], rounding[-1])
+        applied_so_far = rounding[-1]
+        seed = rounding_seed(rounding[:-1], applied_so_far)
         args = (buffers, states, residuals, output_grads, dict(optimizers), batch_like, seed)
-        return apply_gradients_fn(lowered, mesh, options, *args)
+        buffers, states, applied = apply_gradients_fn(
+            lowered, mesh, options, *args, step=applied_so_far.astype(jnp.int32)
+        )
+        return buffers, states, applied, rounding.at[-1].add(applied.astype(jnp.uint32))
 
-    # The tables and slots are donated: the fused kernels update them in place.
+    # The tables and slots are donated: the kernels update them in place.
     return jax.jit(run, donate_argnums=(0, 1))
 
 
@@ -231,12 +260,14 @@ def _jit_apply(
 class LookupResult:
     """`EmbeddingCollection.lookup`: outputs, residuals, and per-table counts (table name
     -> scalar) of ids lost to a capacity (`overflow`) and of ids outside their table's
-    vocabulary, dropped like padding (`invalid`)."""
+    vocabulary, dropped like padding (`invalid`); `batch` is the batch looked up (what
+    `apply_gradients` routes the gradients with)."""
 
     outputs: dict[str, jax.Array]
     residuals: Any
     overflow: dict[str, jax.Array]
     invalid: dict[str, jax.Array] = dataclasses.field(default_factory=dict)
+    batch: SparseFeatures | None = None
 
 
 class EmbeddingCollection(nnx.Module):
@@ -349,7 +380,7 @@ class EmbeddingCollection(nnx.Module):
         if self.options.strict:
             check_invalid(invalid)
             check_overflow(counts)
-        return LookupResult(out.outputs, out.residuals, counts, invalid)
+        return LookupResult(out.outputs, out.residuals, counts, invalid, batch)
 
     def __call__(self, batch: SparseFeatures) -> dict[str, jax.Array]:
         return self.lookup(batch).outputs
@@ -361,27 +392,80 @@ class EmbeddingCollection(nnx.Module):
         self,
         result: LookupResult,
         output_grads: Mapping[str, jax.Array],
-        batch: SparseFeatures,
-    ) -> None:
+        batch: SparseFeatures | None = None,
+    ) -> jax.Array:
         """Routes `output_grads` (per feature, shaped like the outputs) to the owners and
         applies the fused sparse optimizer(s) in place. bfloat16 tables with
-        `stochastic_rounding` get a new rounding seed each call (`RoundingCounter`)."""
+        `stochastic_rounding` get a new rounding seed each call (`RoundingCounter`).
+
+        Transactional: an update that would write a NaN or inf (non-finite gradients, a
+        diverging learning rate) is not applied on any device, and the tables and slots
+        stay bit-identical; then, outside `jax.jit`, `NonFiniteUpdateError` is raised.
+        Returns `applied` (`[]` bool). `batch` defaults to the batch `result` was looked up
+        with; one given must hold the same ids (gradients routed with another batch's
+        residuals would update the wrong rows)."""
         opts = self.optimizers
         if len(opts) != len(self.lowered.groups):
             raise ValueError(
                 "this collection has no sparse optimizer: give one at construction "
                 "or call reset_optimizer"
             )
-        batch = _host(self.lowered, batch)
+        batch = _same_batch(self.lowered, result, batch)
+        grads = _checked_grads(result.outputs, output_grads)
         rounding = self.rounding.get_value()
-        state = (self.buffer_values(), self.state_values(), result.residuals, dict(output_grads))
-        new_b, new_s = _jit_apply(
+        state = (self.buffer_values(), self.state_values(), result.residuals, grads)
+        new_b, new_s, applied, rounding = _jit_apply(
             self.lowered, self.mesh, self.options, tuple(sorted(opts.items()))
         )(*state, batch, rounding)
-        self.rounding.set_value(rounding.at[-1].add(1))
+        self.rounding.set_value(rounding)
         for k in new_b:
             self.buffers[k].set_value(new_b[k])
             self.opt_state[k].set_value(new_s[k])
+        check_applied(applied, "apply_gradients")
+        return applied
+
+
+def _same_batch(lowered: Lowered, result: LookupResult, batch) -> SparseFeatures:
+    """The batch to route `result`'s gradients with: `result.batch`, or a given one after
+    checking that it holds the same ids (a one-line `ValueError` naming the feature)."""
+    looked_up = result.batch
+    if batch is None or batch is looked_up:
+        if looked_up is None:
+            raise ValueError("apply_gradients: pass the batch the result was looked up with")
+        return looked_up
+    batch = _host(lowered, batch)
+    if looked_up is None:
+        return batch
+    for name in looked_up.feature_names:
+        a, b = looked_up.ids[name], batch.ids.get(name)
+        if b is None or np.shape(a) != np.shape(b) or not np.array_equal(a, b):
+            raise ValueError(
+                f"apply_gradients: feature {name!r}: the batch's ids are not the ones the "
+                "lookup result was computed from; pass the same batch (or none)"
+            )
+    return looked_up
+
+
+def _checked_grads(outputs: Mapping[str, jax.Array], grads: Mapping[str, jax.Array]):
+    """`grads` as a dict, one per output feature and shaped like it (else a one-line
+    `ValueError` naming the feature)."""
+    missing = sorted(set(outputs) - set(grads))
+    extra = sorted(set(grads) - set(outputs))
+    if missing or extra:
+        raise ValueError(
+            f"apply_gradients: gradients must be given for exactly the looked-up features; "
+            f"missing {missing}, unknown {extra}"
+        )
+    out = {}
+    for name, y in outputs.items():
+        g = grads[name]
+        if np.shape(g) != np.shape(y):
+            raise ValueError(
+                f"apply_gradients: feature {name!r}: gradient of shape {tuple(np.shape(g))} "
+                f"for an output of shape {tuple(np.shape(y))}"
+            )
+        out[name] = g
+    return out
 
 
 def per_table_optimizers(

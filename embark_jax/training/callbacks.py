@@ -1,8 +1,10 @@
 """Callbacks for `embark_jax.training.loop.fit`: progress output, metric logs (JSON lines and
 TensorBoard event files) and fault injection.
 
-`JsonLinesLogger` writes one JSON object per step (`step`, `loss`, `samples_per_s`,
-`overflow`, and every `every` steps `train_auc_window`: the AUC of the last `every` steps);
+Metrics accumulate on the device (`StepRunner.totals`); these callbacks read them only when
+they print or log, every `every` steps, so they never make a step wait. `JsonLinesLogger`
+writes one JSON object every `every` steps (`step`, and over the steps since the previous
+line: `loss`, `samples_per_s`, `overflow`, `train_auc_window`, `refused`);
 `TensorBoardLogger` writes the same scalars as a TensorBoard event file, in the TFRecord event
 format TensorBoard reads (no TensorFlow or tensorboard package needed to write it; install
 `tensorboard`, e.g. the `[logging]` extra, to look at it). Both take further scalars (the
@@ -19,10 +21,9 @@ import sys
 import time
 
 import jax
-import numpy as np
 
 from embark_jax.training.loop import CallbackBase
-from embark_jax.training.metrics import auc
+from embark_jax.training.runner import StepRunner, Totals
 
 __all__ = ["EventFileWriter", "ExitAtStep", "JsonLinesLogger", "Progress", "TensorBoardLogger"]
 
@@ -33,44 +34,50 @@ def _clock(seconds: float) -> str:
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
 
 
-class _Window:
-    """Labels and probabilities of the last few steps, for a windowed train AUC."""
+class _Windows:
+    """The runner's totals over the steps since the previous read, and their wall time."""
 
-    def __init__(self):
-        self.labels: list[np.ndarray] = []
-        self.probs: list[np.ndarray] = []
+    def __init__(self, runner: StepRunner):
+        self.runner = runner
+        self.last: Totals | None = None
+        self.last_time = time.perf_counter()
 
-    def add(self, result) -> None:
-        self.labels.append(np.asarray(result.labels).ravel())
-        self.probs.append(np.asarray(result.probs).ravel())
-
-    def take_auc(self) -> float:
-        value = auc(np.concatenate(self.labels), np.concatenate(self.probs))
-        self.labels, self.probs = [], []
-        return value
+    def take(self) -> tuple[Totals, float]:
+        now, totals = time.perf_counter(), self.runner.totals()
+        window = totals if self.last is None else totals.since(self.last)
+        seconds = now - self.last_time
+        self.last, self.last_time = totals, now
+        return window, seconds
 
 
 class Progress(CallbackBase):
     """A progress line every `every` steps: the loss and train AUC of the steps since the last
     line, samples/s and steps/s (after the compiling first step) and the time left."""
 
-    def __init__(self, total: int, batch_size: int, start: int = 0, every: int = 10, out=None):
+    def __init__(
+        self,
+        runner: StepRunner,
+        total: int,
+        batch_size: int,
+        start: int = 0,
+        every: int = 10,
+        out=None,
+    ):
         self.total, self.batch_size, self.start, self.every = total, batch_size, start, every
         self.out = out or sys.stdout
-        self.losses: list[float] = []
-        self.window = _Window()
-        self.t0 = time.perf_counter()
+        self.windows = _Windows(runner)
+        self.done = 0
         self.first: float | None = None
 
     def on_step_end(self, step, state, result):
-        self.losses.append(result.loss)
-        self.window.add(result)
-        done = len(self.losses)
+        self.done += 1
+        done = self.done
         if done == 1:
             self.first = time.perf_counter()  # the first step includes compilation
         if done % self.every and done != self.total:
             return
-        elapsed = time.perf_counter() - (self.first if done > 1 else self.t0)
+        window, _ = self.windows.take()
+        elapsed = time.perf_counter() - (self.first if done > 1 else self.windows.last_time)
         rate = (done - 1) / elapsed if done > 1 and elapsed > 0 else 0.0
         speed = (
             f"{rate * self.batch_size:8.0f} samples/s  {rate:6.2f} steps/s  "
@@ -78,50 +85,55 @@ class Progress(CallbackBase):
             if rate
             else "(the first step includes compiling)"
         )
+        refused = f"  refused {window.refused}" if window.refused else ""
         bar = "#" * int(30 * done / self.total)
         tty = self.out.isatty()
         cr = "\r" if tty else ""  # overwrite the line on a terminal only
         self.out.write(
             f"{cr}[{bar:<30s}] step {self.start + done:6d}/"
-            f"{self.start + self.total}  loss {np.mean(self.losses[-self.every :]):.4f}  "
-            f"AUC(last {min(self.every, done)}) {self.window.take_auc():.3f}  {speed}"
+            f"{self.start + self.total}  loss {window.mean_loss:.4f}  "
+            f"AUC(last {window.steps}) {window.auc.auc():.3f}  {speed}{refused}"
         )
         self.out.write("\n" if not tty or done == self.total else "")
         self.out.flush()
 
 
 class _StepMetrics(CallbackBase):
-    """Per-step scalars for the loggers: loss, samples/s, overflow, windowed train AUC."""
+    """Scalars for the loggers every `every` steps, over the steps since the last ones."""
 
-    def __init__(self, batch_size: int, every: int):
+    def __init__(self, runner: StepRunner, batch_size: int, every: int):
         self.batch_size, self.every = batch_size, max(1, every)
-        self.window = _Window()
+        self.windows = _Windows(runner)
         self.count = 0
-        self.last: float | None = None
 
-    def scalars(self, result) -> dict[str, float]:
-        now = time.perf_counter()
+    def scalars(self) -> dict[str, float] | None:
         self.count += 1
-        self.window.add(result)
-        out = {"loss": float(result.loss), "overflow": float(sum(result.overflow.values()))}
-        if self.last is not None and now > self.last:
-            out["samples_per_s"] = self.batch_size / (now - self.last)
-        self.last = now
-        if self.count % self.every == 0:
-            out["train_auc_window"] = self.window.take_auc()
+        if self.count % self.every:
+            return None
+        window, seconds = self.windows.take()
+        out = {
+            "loss": window.mean_loss,
+            "overflow": float(sum(window.overflow.values())),
+            "train_auc_window": window.auc.auc(),
+            "refused": float(window.refused),
+        }
+        if seconds > 0 and self.count > self.every:  # the first window includes compiling
+            out["samples_per_s"] = window.steps * self.batch_size / seconds
         return out
 
 
 class JsonLinesLogger(_StepMetrics):
-    """One JSON object per step in `path` (created with its folder; appended to)."""
+    """One JSON object every `every` steps in `path` (created with its folder; appended to)."""
 
-    def __init__(self, path: str, batch_size: int, every: int = 10):
-        super().__init__(batch_size, every)
+    def __init__(self, path: str, runner: StepRunner, batch_size: int, every: int = 10):
+        super().__init__(runner, batch_size, every)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.fh = open(path, "a")  # closed by close()
 
     def on_step_end(self, step, state, result):
-        self.log_scalars(step + 1, self.scalars(result))
+        scalars = self.scalars()
+        if scalars is not None:
+            self.log_scalars(step + 1, scalars)
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
         self.fh.write(json.dumps({"step": int(step), "wall_time": time.time(), **scalars}) + "\n")
@@ -134,12 +146,14 @@ class JsonLinesLogger(_StepMetrics):
 class TensorBoardLogger(_StepMetrics):
     """TensorBoard scalars (`train/loss`, `train/samples_per_s`, ...) in `log_dir`."""
 
-    def __init__(self, log_dir: str, batch_size: int, every: int = 10):
-        super().__init__(batch_size, every)
+    def __init__(self, log_dir: str, runner: StepRunner, batch_size: int, every: int = 10):
+        super().__init__(runner, batch_size, every)
         self.writer = EventFileWriter(log_dir)
 
     def on_step_end(self, step, state, result):
-        self.log_scalars(step + 1, {f"train/{k}": v for k, v in self.scalars(result).items()})
+        scalars = self.scalars()
+        if scalars is not None:
+            self.log_scalars(step + 1, {f"train/{k}": v for k, v in scalars.items()})
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
         self.writer.add_scalars(step, scalars)

@@ -415,6 +415,7 @@ class CheckpointEvery(CallbackBase):
         periodic = self.every > 0 and position % self.every == 0
         if not periodic and position != self.last_step:
             return
+        self.runner.sync()  # a refused step raises here, before anything is written
         self._settle()
         setup = self.runner.setup
         if self.async_save:

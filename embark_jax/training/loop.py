@@ -3,10 +3,13 @@
 `fit` runs steps and calls callbacks around them; everything optional (progress output,
 checkpoints, fault injection for tests: `embark_jax.training.callbacks`,
 `embark_jax.training.checkpoint.CheckpointEvery`) is a callback, so the loop stays a loop.
-Callbacks see the state the step returned; they must not keep it past the call (an
-in-place runner's next step donates it), except by copying (as the asynchronous checkpoint does). A callback that
-saves checkpoints exposes `last_saved` (the newest complete one), which a NaN/inf loss
-error names.
+Batches are built, validated and placed on the devices ahead of time in a background thread
+(`data.prefetch.Prefetcher`, `StepRunner.place`), and the loop never waits for a step: the
+runner checks each step one step late and keeps the metrics on the device until a callback
+asks for them. Callbacks see the state the step returned; they must not keep it past the
+call (the next step donates it), except by copying (as the asynchronous checkpoint does). A
+callback that saves checkpoints exposes `last_saved` (the newest complete one), which a
+NaN/inf error names.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import jax
 import numpy as np
 
+from embark_jax.data.prefetch import Prefetcher
 from embark_jax.sharding.checks import CapacityOverflowError, InvalidIdError
-from embark_jax.training.metrics import StreamingAUC
 from embark_jax.training.runner import NonFiniteLossError, StepResult, StepRunner
 from embark_jax.training.state import TrainState
 
@@ -52,13 +56,17 @@ class Callback(Protocol):
 @dataclasses.dataclass
 class FitSummary:
     steps: int
-    final_loss: float
-    train_auc: float  # cumulative over every training step of this fit
+    final_loss: float  # mean loss of the last 10 steps
+    train_auc: float  # cumulative over every committed training step of this fit
     train_logloss: float
     samples_per_s: float
-    losses: list[float]
+    losses: list[float]  # every step's loss (read once, at the end)
     overflow: dict[str, int]
     invalid: dict[str, int]
+    refused: int  # steps not applied (with `StepRunner(skip_nonfinite=True)`)
+
+
+_STEP_ERRORS = (NonFiniteLossError, CapacityOverflowError, InvalidIdError)
 
 
 def fit(
@@ -69,53 +77,68 @@ def fit(
     *,
     start: int = 0,
     callbacks: Sequence[Callback] = (),
+    prefetch: int = 2,
 ) -> tuple[TrainState, FitSummary]:
     """Trains `steps` steps on `dataset.batch(start + i)`; returns the final state and a
-    summary. A NaN/inf loss or state raises `NonFiniteLossError` naming the step and the
-    last checkpoint saved. When a step fails a check (that error, `CapacityOverflowError` or `InvalidIdError`
-    under `overflow="error"`), the exception's `state` is the state before that step (usable
-    with a transactional runner; None when the runner donated it)."""
-    acc, losses = StreamingAUC(), []
-    overflow = {t.name: 0 for t in runner.setup.plan.tables}
-    invalid = dict(overflow)
+    summary. Batches are prepared `prefetch` steps ahead in a background thread.
+
+    A refused step (NaN/inf loss or update: `NonFiniteLossError`, naming the step and the
+    last checkpoint saved; under `overflow="error"`, `CapacityOverflowError` or
+    `InvalidIdError`) raises at most one step late; the exception's `state` is the last
+    committed state (nothing of the refused step, or of any step after it, was applied)."""
+    before = runner.totals()
+    batches = Prefetcher(lambda i: runner.place(dataset.batch(i)), depth=prefetch)
+    losses: list[jax.Array] = []
     t0 = first = time.perf_counter()
-    for i in range(steps):
-        position = start + i
-        for cb in callbacks:
-            cb.on_step_start(position)
+    try:
+        for i in range(steps):
+            position = start + i
+            for cb in callbacks:
+                cb.on_step_start(position)
+            try:
+                state, result = runner.step(state, batches.get(position), position)
+                if i == 0:
+                    first = time.perf_counter()  # the first call compiles
+                losses.append(result.loss)
+                for cb in callbacks:  # a checkpoint callback syncs the runner first
+                    cb.on_step_end(position, state, result)
+            except _STEP_ERRORS as e:
+                raise _with_checkpoint(e, state, callbacks) from None
         try:
-            state, result = runner.step(state, dataset.batch(position))
-        except NonFiniteLossError as e:
-            saved = [getattr(cb, "last_saved", None) for cb in callbacks]
-            last = next((s for s in saved if s), None)
-            err = NonFiniteLossError(f"{e}; last good checkpoint: {last or 'none saved'}")
-            err.state = state if runner.transactional else None
-            raise err from e
-        except (CapacityOverflowError, InvalidIdError) as e:
-            e.state = state if runner.transactional else None
-            raise
-        if i == 0:
-            first = time.perf_counter()
-        losses.append(result.loss)
-        acc.update(result.labels, result.probs)
-        for k, v in result.overflow.items():
-            overflow[k] += v
-        for k, v in result.invalid.items():
-            invalid[k] += v
-        for cb in callbacks:
-            cb.on_step_end(position, state, result)
+            runner.sync()
+        except _STEP_ERRORS as e:
+            raise _with_checkpoint(e, state, callbacks) from None
+    finally:
+        batches.close()
     for cb in callbacks:
         cb.on_end(state)
     end = time.perf_counter()
-    window = losses[-10:] or [float("nan")]
+    totals = runner.totals().since(before)
+    host_losses = [float(x) for x in jax.device_get(losses)]
+    window = host_losses[-10:] or [float("nan")]
     summary = FitSummary(
         steps=steps,
         final_loss=float(np.mean(window)),
-        train_auc=acc.auc(),
-        train_logloss=acc.logloss(),
+        train_auc=totals.auc.auc(),
+        train_logloss=totals.auc.logloss(),
         samples_per_s=max(steps - 1, 1) * dataset.batch_size / max(end - (first or t0), 1e-9),
-        losses=losses,
-        overflow=overflow,
-        invalid=invalid,
+        losses=host_losses,
+        overflow=totals.overflow,
+        invalid=totals.invalid,
+        refused=totals.refused,
     )
     return state, summary
+
+
+def _with_checkpoint(e: Exception, state: TrainState, callbacks) -> Exception:
+    """The error with the newest state (when the runner raised it without one) and, for a
+    non-finite step, the last checkpoint saved in its message."""
+    if getattr(e, "state", None) is None:
+        e.state = state
+    if not isinstance(e, NonFiniteLossError):
+        return e
+    saved = [getattr(cb, "last_saved", None) for cb in callbacks]
+    last = next((s for s in saved if s), None)
+    err = NonFiniteLossError(f"{e}; last good checkpoint: {last or 'none saved'}")
+    err.step, err.state = e.step, e.state
+    return err

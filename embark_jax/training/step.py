@@ -3,19 +3,22 @@
 One step (docs/design.md §8): the embedding lookup under `shard_map` (routing residuals
 kept), the dense model's loss and its gradients with respect to the dense parameters and the
 embedding outputs, the dense optax update, and the two-phase embedding update (output
-gradients routed to the owners, fused sparse optimizer, in place when the state is donated;
+gradients routed to the owners, the fused sparse optimizer staged, then committed in place;
 bfloat16 tables round stochastically with the seed `rounding_seed(state.rng, state.step)`).
-No dense `[V, d]` gradient is built for sharded tables. The same code runs on one process or
-many: the batch is a global array sharded by sample.
+No dense `[V, d]` gradient is built for sharded tables, and nothing reads or copies a whole
+table: the step costs O(ids), whatever the tables' size.
 
-The metrics include `finite`: one on-device reduction saying whether the loss and every
-floating-point leaf of the *new* state (tables, slots, dense parameters, optax state) are
-finite, so a step whose update produced NaN or inf (e.g. a diverging learning rate) is
-caught even when the loss it started from was finite. It reads each buffer once.
+The step is transactional and in place at once: whether to commit is decided on device.
+The verdict covers the loss, the new dense parameters and optax state (small), the new values
+of the table rows the batch touches (staged before they are written), and, under
+`overflow="error"`, the overflow and invalid counts. A refused step writes nothing: every
+table, slot and dense leaf keeps its bits, `step` does not advance, and `metrics["status"]`
+says why (`Refusal` bits). With the state donated, a refused step still costs one step.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 from typing import Any
 
@@ -23,12 +26,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from embark_jax.core.options import OverflowPolicy
 from embark_jax.data.batch import Batch
 from embark_jax.ops.optimizers import rounding_seed
 from embark_jax.sharding.collection import apply_gradients_fn, lookup_fn
 from embark_jax.training.state import TrainSetup, TrainState
 
 __all__ = [
+    "Refusal",
     "all_finite",
     "bce_loss",
     "compile_eval_step",
@@ -38,13 +43,25 @@ __all__ = [
 ]
 
 
+class Refusal(enum.IntFlag):
+    """Why a step was not committed (bits of `metrics["status"]`; 0: committed)."""
+
+    LOSS = 1  # the loss is NaN or inf
+    DENSE = 2  # the dense update (parameters or optax state) is not finite
+    SPARSE = 4  # a staged table row or optimizer slot is not finite
+    OVERFLOW = 8  # ids overflowed a capacity under overflow="error"
+    INVALID = 16  # ids outside their table under overflow="error"
+    HALTED = 32  # the caller did not allow it (a runner halted by an earlier refusal)
+
+
 def bce_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """Mean binary cross-entropy from logits (numerically stable)."""
     return jnp.mean(jnp.logaddexp(0.0, logits) - labels * logits)
 
 
 def all_finite(*trees) -> jax.Array:
-    """`[]` bool: every floating-point element of `trees` is finite (one fused reduction)."""
+    """`[]` bool: every floating-point element of `trees` is finite (one fused reduction).
+    For small trees (the dense part); tables are checked row by row as they are staged."""
     flags = [
         jnp.all(jnp.isfinite(x))
         for x in jax.tree.leaves(trees)
@@ -59,13 +76,24 @@ def _lookup(setup: TrainSetup, state: TrainState, batch: Batch):
     )
 
 
+def _pre_verdict(setup: TrainSetup, loss, params, dense_opt, overflow, invalid) -> jax.Array:
+    """`[]` int32 `Refusal` bits known before the sparse update is staged."""
+    status = jnp.where(jnp.isfinite(loss), 0, int(Refusal.LOSS))
+    status |= jnp.where(all_finite(params, dense_opt), 0, int(Refusal.DENSE))
+    if setup.options.overflow is OverflowPolicy.ERROR:
+        status |= jnp.where(jnp.sum(overflow) == 0, 0, int(Refusal.OVERFLOW))
+        status |= jnp.where(jnp.sum(invalid) == 0, 0, int(Refusal.INVALID))
+    return status.astype(jnp.int32)
+
+
 def train_step(
-    setup: TrainSetup, state: TrainState, batch: Batch
+    setup: TrainSetup, state: TrainState, batch: Batch, allow: jax.Array | bool = True
 ) -> tuple[TrainState, dict[str, Any]]:
     """One training step on a device batch; returns the new state and
-    `{"loss", "probs" [B], "overflow", "invalid" ([num_tables] each, plan order),
-    "finite" []}`. Ids outside their table are dropped like padding and counted as
-    `invalid`."""
+    `{"loss", "logits" [B], "overflow", "invalid" ([num_tables] each, plan order),
+    "applied" [] bool, "status" [] int32 (`Refusal` bits, 0 when applied)}`. Ids outside
+    their table are dropped like padding and counted as `invalid`. `allow` (a bool scalar)
+    false refuses the step (`Refusal.HALTED`)."""
     outputs, residuals, overflow, invalid = _lookup(setup, state, batch)
 
     def loss_fn(params, emb):
@@ -77,7 +105,9 @@ def train_step(
     )
     updates, dense_opt = setup.tx.update(g_params, state.dense_opt, state.dense_params)
     params = optax.apply_updates(state.dense_params, updates)
-    tables, slots = apply_gradients_fn(
+    status = _pre_verdict(setup, loss, params, dense_opt, overflow, invalid)
+    status |= jnp.where(allow, 0, int(Refusal.HALTED)).astype(jnp.int32)
+    tables, slots, applied = apply_gradients_fn(
         setup.lowered,
         setup.mesh,
         setup.options,
@@ -88,18 +118,27 @@ def train_step(
         setup.optimizers,
         batch.sparse,
         seed=rounding_seed(state.rng, state.step),  # bfloat16 stochastic rounding
+        step=state.step,
+        allow=status == 0,
     )
+    status |= jnp.where(applied | (status != 0), 0, int(Refusal.SPARSE)).astype(jnp.int32)
+    keep = functools.partial(jax.tree.map, lambda new, old: jnp.where(applied, new, old))
     new = state.replace(
-        step=state.step + 1, dense_params=params, dense_opt=dense_opt, tables=tables, slots=slots
+        step=state.step + applied.astype(state.step.dtype),
+        dense_params=keep(params, state.dense_params),
+        dense_opt=keep(dense_opt, state.dense_opt),
+        tables=tables,
+        slots=slots,
     )
-    finite = all_finite(loss, new.dense_params, new.dense_opt, new.tables, new.slots)
     metrics = {
         "loss": loss,
-        "probs": jax.nn.sigmoid(logits),
+        "logits": logits,
         "overflow": overflow,
         "invalid": invalid,
+        "applied": applied,
+        "status": status,
     }
-    return new, {**metrics, "finite": finite}
+    return new, metrics
 
 
 def eval_step(setup: TrainSetup, state: TrainState, batch: Batch) -> jax.Array:
@@ -109,9 +148,10 @@ def eval_step(setup: TrainSetup, state: TrainState, batch: Batch) -> jax.Array:
 
 
 def compile_train_step(setup: TrainSetup, *, donate: bool = True):
-    """`train_step` jitted for `setup`. With `donate` the state is donated (tables update in
-    place; the input state is gone after the call); without, the input state stays valid
-    and the step writes new buffers (one extra copy of the tables and slots)."""
+    """`train_step` jitted for `setup`. With `donate` (the default) the state is donated:
+    tables and slots update in place and a refused step leaves them bit-identical, so the
+    returned state is always the one to keep. Without, the input state also stays valid at
+    the price of a copy of every table and slot per step (tests, comparisons)."""
     return jax.jit(functools.partial(train_step, setup), donate_argnums=(0,) if donate else ())
 
 

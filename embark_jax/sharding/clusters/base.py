@@ -7,12 +7,14 @@ A cluster runs per device inside `shard_map` over all mesh axes:
                                   arrays, a pytree), overflow per table
   owner(buffer, residuals)     -> what this device computes from its shards (differentiable)
   combine(owner_out, res)      -> per-feature outputs; includes the collectives; linear
-  update(buffer, state, res, g_owner, optimizer, seed) -> the owner's fused sparse update
-                               (seed: stochastic rounding of a bfloat16 group, or None)
+  stage(buffer, state, res, g_owner, optimizer, step, seed) -> the owner's fused sparse
+                               update, staged (`ops.StagedUpdate`; seed: stochastic rounding
+                               of a bfloat16 group, or None)
 
 The forward is `combine(owner(buffer))`; `jax.grad` flows through it. The two-phase
 backward maps output gradients to `g_owner` with the VJP of the linear `combine` and hands
-them to `update`, so no dense `[V, d]` gradient is ever built for sharded tables.
+them to `stage`, so no dense `[V, d]` gradient is ever built for sharded tables; the staged
+rows are written by `ops.commit_update` once the step has decided to commit.
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ class ClusterBase:
     def combine(self, owner_out: Any, res: Any) -> dict[str, jax.Array]:
         raise NotImplementedError
 
-    def update(self, buffer, state, res, g_owner, optimizer: SparseOptimizer, seed=None):
+    def stage(self, buffer, state, res, g_owner, optimizer: SparseOptimizer, step, seed=None):
         raise NotImplementedError
 
     def owner_out_zeros(self, buffer: jax.Array, res: Any) -> Any:
@@ -154,26 +156,37 @@ class ClusterBase:
         res, overflow = self.route(batch)
         return self.combine(self.owner(buffer, res), res), res, overflow
 
-    def backward_update(
-        self, buffer, state, res, output_grads, optimizer: SparseOptimizer, seed=None
-    ):
+    def backward_stage(
+        self, buffer, state, res, output_grads, optimizer: SparseOptimizer, step, seed=None
+    ) -> ops.StagedUpdate:
         """Routes output gradients to the owners (VJP of the linear combine, evaluated at
-        zeros: no forward recomputation is needed) and applies the fused sparse update.
-        `seed` (uint32, the same on every device): stochastic rounding of the group's
-        bfloat16 tables when the group asks for it (`Group.stochastic_rounding`)."""
+        zeros: no forward recomputation is needed) and stages the fused sparse update of the
+        rows they touch (`buffer` `[rows, width]` and `state` are only read). `step`: the
+        optimizer's step counter (learning-rate schedules); `seed` (uint32, the same on every
+        device): stochastic rounding of the group's bfloat16 tables when the group asks for
+        it (`Group.stochastic_rounding`)."""
         zeros = self.owner_out_zeros(buffer, res)
         grads = {f.name: output_grads[f.name] for f in self.features}
         _, vjp = jax.vjp(lambda o: self.combine(o, res), zeros)
         (g_owner,) = vjp(grads)
         seed = seed if self.group.stochastic_rounding else None
-        return self.update(buffer, state, res, g_owner, optimizer, seed)
+        return self.stage(buffer, state, res, g_owner, optimizer, step, seed)
 
-    def owner_sparse_update(
-        self, buffer, state, rows, seg, weights, g, optimizer, combiner, seed=None
-    ):
-        """The owner side of RB and UB: one fused backward + optimizer call over every
-        request this device received (duplicates across sources are merged)."""
-        table, state, _ = ops.lookup_pool_backward_update(
-            buffer, state, g, rows, seg, weights, optimizer=optimizer, combiner=combiner, seed=seed
+    @staticmethod
+    def owner_stage(
+        buffer, state, rows, seg, weights, g, optimizer, combiner, step, seed=None
+    ) -> ops.StagedUpdate:
+        """The owner side: one fused backward + optimizer call over every request this
+        device received (duplicates across sources are merged), staged."""
+        return ops.stage_backward_update(
+            buffer,
+            state,
+            g,
+            rows,
+            seg,
+            weights,
+            optimizer=optimizer,
+            combiner=combiner,
+            step=step,
+            seed=seed,
         )
-        return table, state

@@ -51,7 +51,7 @@ class DPCluster(ClusterBase):
     def combine(self, owner_out, res):
         return dict(owner_out)
 
-    def update(self, buffer, state, res, g_owner, optimizer, seed=None):
+    def stage(self, buffer, state, res, g_owner, optimizer, step, seed=None):
         rows, grads = [], []
         for f in self.features:
             f_rows = res.rows[f.name]
@@ -75,11 +75,11 @@ class DPCluster(ClusterBase):
             ones = jnp.ones(rows.shape, jnp.float32)
             touched = jax.lax.psum(ops.segment_sum(ones, rows, vocab), self.axis_names)
             rows_all = jnp.where(touched > 0, jnp.arange(vocab, dtype=jnp.int32), -1)
-            return ops.sparse_update(
-                buffer, state, rows_all, g, optimizer, assume_unique=True, seed=seed
+            return self.owner_stage(
+                buffer, state, rows_all, None, None, g, optimizer, Combiner.NONE, step, seed
             )
         rows = jax.lax.all_gather(rows, self.axis_names, tiled=True)
         grads = jax.lax.all_gather(grads, self.axis_names, tiled=True)
-        return self.owner_sparse_update(
-            buffer, state, rows, None, None, grads, optimizer, Combiner.NONE, seed
+        return self.owner_stage(
+            buffer, state, rows, None, None, grads, optimizer, Combiner.NONE, step, seed
         )

@@ -180,8 +180,8 @@ class RBCluster(ClusterBase):
 
     # --- owner update ------------------------------------------------------------------
 
-    def update(self, buffer, state, res, g_owner, optimizer, seed=None):
+    def stage(self, buffer, state, res, g_owner, optimizer, step, seed=None):
         g = g_owner.reshape(-1, self.width)
-        return self.owner_sparse_update(
-            buffer, state, res.rows, res.seg, res.w, g, optimizer, Combiner.SUM, seed
+        return self.owner_stage(
+            buffer, state, res.rows, res.seg, res.w, g, optimizer, Combiner.SUM, step, seed
         )

@@ -120,8 +120,8 @@ class UBCluster(ClusterBase):
                 out[f.name] = y.reshape(self.output_shape(f))
         return out
 
-    def update(self, buffer, state, res, g_owner, optimizer, seed=None):
+    def stage(self, buffer, state, res, g_owner, optimizer, step, seed=None):
         g = g_owner.reshape(-1, self.width)
-        return self.owner_sparse_update(
-            buffer, state, res.rows, None, None, g, optimizer, Combiner.NONE, seed
+        return self.owner_stage(
+            buffer, state, res.rows, None, None, g, optimizer, Combiner.NONE, step, seed
         )
