@@ -216,7 +216,7 @@ def test_one_command_runs_the_loop_benchmark_and_the_step_on_a_cpu(tmp_path):
         GPU_CHECK_BENCH=None,
         GPU_CHECK_STEP=None,
         GPU_CHECK_BENCH_S="40",  # the benchmark's own budget: 15 s
-        GPU_CHECK_BENCH_ARGS=f"{bench_args} --no-profile",
+        GPU_CHECK_BENCH_ARGS=f"{bench_args} --profile 0",
         GPU_CHECK_STEP_ARGS=f"{step_args} --topology dgx-h100 --budget-s 0.001",
         JAX_PLATFORMS="cpu",
     )

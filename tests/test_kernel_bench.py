@@ -261,7 +261,7 @@ def test_modes_pick_points_ops_and_repeats(monkeypatch, tmp_path):
     kernels_main(["--loop", "--ops", "unique", "--max-batch", "64", *out])
     kernels_main(["--loop", "--quick", *out])
     (tasks, s, _), (full, s_full, _), (smoke, _, _) = loops
-    assert tasks == P.LOOP_QUICK and s.repeats == 3 and s.profile and s.budget_s == 100
+    assert tasks == P.LOOP_QUICK and s.repeats == 3 and s.profile == 8 and s.budget_s == 100
     assert full == [(p, ("unique",)) for p, ops in P.LOOP_FULL if "unique" in ops]
     assert s_full.repeats == 5 and not s_full.profile and s_full.max_batch == 64
     assert smoke == P.LOOP_SMOKE

@@ -16,9 +16,10 @@ output, in O(1)), and:
   per iteration (read + write, as a device-to-device copy of half of them), timed the same way
   in the same run: the op's `fraction_of_copy` is its GB/s over the copy's. The copy moves at
   least `copy_min_bytes`, so that it measures memory, not the cache.
-- on a GPU, one more loop call per case can be traced (`jax.profiler`): the device time of
-  the kernels in that call (the union of their intervals on the GPU's streams within the
-  loop's XLA module) per iteration, and the kernels that took it, cross-check the wall clock.
+- on a GPU, one more loop call of the first `profile` cases (the most valuable) is traced
+  (`jax.profiler`; a trace costs seconds): the device time of the kernels in that call (the
+  union of their intervals on the GPU's streams within the loop's XLA module) per
+  iteration, and the kernels that took it, cross-check the wall clock.
 - the compiled loop's HLO is scanned for copies of the loop-state arrays (the table, its
   accumulator, ids, gradients, values; `experiments/hlo_scan.py`): a copy per iteration would
   be a harness cost, not the kernel's.
@@ -75,8 +76,9 @@ from experiments.kernels import report
 
 SCHEMA = "embark_jax.kernel_loop/1"
 MiB = 1 << 20
-# Per backend: bytes per loop call; the copy's least bytes and the distinct-row bytes below
-# which ids rotate (a GPU's L2 holds 50-60 MB: keep each well above); CPU caps on the shapes.
+# Per backend: bytes per loop call; the copy's least bytes (well above the last-level cache)
+# and the distinct-row bytes below which ids rotate (a GPU's L2 holds 50-60 MB); CPU caps on
+# the shapes.
 BACKEND_DEFAULTS = {
     "gpu": {
         "target_bytes": 16e9,
@@ -87,7 +89,7 @@ BACKEND_DEFAULTS = {
     },
     "cpu": {
         "target_bytes": 256e6,
-        "copy_min_bytes": 16 * MiB,
+        "copy_min_bytes": 256 * MiB,
         "rotate_below_bytes": 32 * MiB,
         "max_batch": 1024,
         "max_vocab": 100_000,
@@ -114,7 +116,7 @@ class Settings:
     budget_s: float | None = None  # stop starting ops after this many seconds
     max_batch: int | None = None
     max_vocab: int | None = None
-    profile: bool = False  # trace one extra loop call per case (device times)
+    profile: int = 0  # trace one more loop call of the first `profile` cases (device times)
     seed: int = P.SEED
 
     def resolved(self, backend: str) -> Settings:
@@ -241,6 +243,7 @@ class Run:
         self.out, self.say = out, say
         self.t0 = time.perf_counter()
         self.copies: dict[int, dict] = {}
+        self.traced = 0
         import jaxlib
 
         self.result = {
@@ -304,7 +307,9 @@ class Run:
         for lib in LC.LIBS:
             try:
                 case = LC.BUILDERS[op](lib, data, k, rotate)
-                r = time_case(case, self.s.repeats, self.s.profile)
+                trace = self.traced < self.s.profile
+                self.traced += trace
+                r = time_case(case, self.s.repeats, trace)
             except Exception as e:  # recorded; the other library and ops still run
                 errors[lib] = f"{type(e).__name__}: {e}"
                 continue

@@ -127,9 +127,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     loop.add_argument(
         "--profile",
-        action=argparse.BooleanOptionalAction,
+        type=int,
         default=None,
-        help="trace one more loop call per case for device times (default: with --gpu-quick)",
+        help="trace one more loop call of the first N cases for device times (default: 8 "
+        "with --gpu-quick, else 0)",
     )
     return ap
 
@@ -199,7 +200,7 @@ def _loop_main(ap, args):
         budget_s=args.budget_s,
         max_batch=args.max_batch,
         max_vocab=args.max_vocab,
-        profile=args.gpu_quick if args.profile is None else args.profile,
+        profile=(8 if args.gpu_quick else 0) if args.profile is None else args.profile,
     )
     args.out = args.out or default_out(False, False, loop=kind)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
