@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with a GPU and no network (the H200 image has jax 0.11.2 with
-# CUDA, scikit-build-core, cmake, ninja, pybind11, nvcc), build the CUDA kernels, run the GPU
-# tests (the CPU kernel tests, now against the GPU kernels, plus tests/test_gpu*.py) and the
-# kernel benchmark, all within one time budget.
+# CUDA, scikit-build-core, cmake, ninja, pybind11, nvcc), build the CUDA kernels, then, most
+# valuable first: the kernel benchmark in loop mode on the production shapes, the main job's
+# train step at batch 65,536, and the GPU tests (the CPU kernel tests, now against the GPU
+# kernels, plus tests/test_gpu*.py), all within one time budget.
 #
-#   bash experiments/gpu_check.sh            # OUT defaults to ./results
+#   OUT=$OUT bash experiments/gpu_check.sh    # OUT defaults to ./results
 #
-# Outputs under $OUT: gpu_check.txt (the whole log), gpu_check.json (versions, each step's
-# status and seconds, the GPU test summary, every kernel's GB/s and fraction of the copy
-# bandwidth measured in the same run), gpu_tests.xml, kernels_gpu.json.
+# Outputs under $OUT (at most 7 files): gpu_check.txt (the whole log), gpu_check.json
+# (versions, each step's status and seconds, the GPU test summary, every kernel's GB/s,
+# fraction of the copy measured in the same run and ratio to XLA, the issue's bar per shape,
+# the step's numbers), gpu_check_steps.tsv, gpu_tests.xml, kernels_gpu.json (the loop
+# benchmark), gpu_step.json (the step), and kernels_gpu_full.json when time is left.
+# kernels_gpu.json and gpu_step.json are rewritten as they go: a step stopped by its limit
+# keeps what it measured.
 #
 # Exit status: 0 only when every step succeeded; otherwise the first failing step's status
 # (124 when a step ran out of the budget). A failed build stops the script.
 #
 # Budget (GPU_CHECK_BUDGET_S, default 330 s): a lent GPU gives 15 minutes in all and at most
 # 10 per command, including the machine's start; 330 s leaves room for a second run after a
-# fix. The benchmark runs in quick mode (the production point set at fewer repeats); the full
+# fix. Steps: build (at most 240 s), the loop benchmark (GPU_CHECK_BENCH_S, default 130 s; it
+# stops starting ops 25 s before that, listing the rest as skipped), the step
+# (GPU_CHECK_STEP_S, default 90 s; it skips its second, minimal-dense compile when half of
+# that is spent), then the GPU tests with what is left (at most 180 s; on
+# GPU_CHECK_TEST_WORKERS processes, default 4 when pytest-xdist is installed). The full loop
 # benchmark runs only if GPU_CHECK_FULL_MIN_S (default 150 s) are still left, and its running
-# out of time is recorded but is no failure (it writes its JSON after every point).
+# out of time is recorded but is no failure.
 #
 # Each step can be replaced by a command string (for tests on a CPU machine, see
-# tests/test_gpu_check_script.py): GPU_CHECK_BUILD, GPU_CHECK_TESTS, GPU_CHECK_BENCH,
-# GPU_CHECK_BENCH_FULL. GPU_CHECK_FAKE=1 skips nvidia-smi and nvcc.
+# tests/test_gpu_check_script.py): GPU_CHECK_BUILD, GPU_CHECK_BENCH, GPU_CHECK_STEP,
+# GPU_CHECK_TESTS, GPU_CHECK_BENCH_FULL; GPU_CHECK_BENCH_ARGS and GPU_CHECK_STEP_ARGS are
+# appended to the benchmark's and the step's own commands (the CPU test shrinks the shapes
+# with them). GPU_CHECK_FAKE=1 skips nvidia-smi and nvcc.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -100,35 +111,43 @@ EOF
 # GPU-specific files first: if the budget runs out, the kernel tests shared with the CPU
 # are the ones left out.
 GPU_TEST_FILES="tests/test_gpu.py tests/test_gpu_kernels.py tests/test_kernel_contracts.py tests/test_gpu_training.py tests/test_kernel_grads.py tests/test_kernels.py tests/test_ffi_segment_sum.py tests/test_abi_native.py tests/test_bf16_stochastic.py"
+BENCH_S=${GPU_CHECK_BENCH_S:-130}
+STEP_S=${GPU_CHECK_STEP_S:-90}
+if [ -z "${GPU_CHECK_TEST_WORKERS:-}" ]; then
+  if "$PY" -c "import xdist" 2>/dev/null; then GPU_CHECK_TEST_WORKERS=4; else GPU_CHECK_TEST_WORKERS=0; fi
+fi
+# several test processes share the GPU: each allocates what it uses, not 75% of the memory
+XDIST=""
+if [ "$GPU_CHECK_TEST_WORKERS" -gt 0 ]; then XDIST="-n $GPU_CHECK_TEST_WORKERS"; fi
 BUILD_CMD=${GPU_CHECK_BUILD:-"EMBARK_CUDA=ON EMBARK_CUDA_ARCHITECTURES=${EMBARK_CUDA_ARCHITECTURES:-90} $PY -m pip install --no-build-isolation --no-deps -q -e ."}
-TESTS_CMD=${GPU_CHECK_TESTS:-"EMBARK_TEST_GPU=1 $PY -m pytest -q -p no:cacheprovider --junitxml=$OUT/gpu_tests.xml $GPU_TEST_FILES"}
-BENCH_CMD=${GPU_CHECK_BENCH:-"$PY -m experiments.kernels.main --gpu-quick --out $OUT/kernels_gpu.json"}
-BENCH_FULL_CMD=${GPU_CHECK_BENCH_FULL:-"$PY -m experiments.kernels.main --out $OUT/kernels_gpu_full.json"}
+BENCH_CMD=${GPU_CHECK_BENCH:-"$PY -m experiments.kernels.main --gpu-quick --budget-s $((BENCH_S - 25)) --out $OUT/kernels_gpu.json ${GPU_CHECK_BENCH_ARGS:-}"}
+STEP_CMD=${GPU_CHECK_STEP:-"$PY -m experiments.training.gpu_step --batch 65536 --budget-s $STEP_S --out $OUT/gpu_step.json ${GPU_CHECK_STEP_ARGS:-}"}
+TESTS_CMD=${GPU_CHECK_TESTS:-"EMBARK_TEST_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false $PY -m pytest -q -p no:cacheprovider $XDIST --junitxml=$OUT/gpu_tests.xml $GPU_TEST_FILES"}
 
 if step build 240 bash -c "$BUILD_CMD"; then
   if [ "$FAKE" != 1 ]; then step info 30 "$PY" -m embark_jax info; fi
-  # the tests may use what the benchmark does not need (BENCH_RESERVE_S, default 100 s)
-  tests_max=$(($(left) - ${GPU_CHECK_BENCH_RESERVE_S:-100}))
-  if [ "$tests_max" -gt 180 ]; then tests_max=180; fi
-  if [ "$tests_max" -lt 30 ]; then tests_max=30; fi
-  STEP_SIGNAL=INT step gpu_tests "$tests_max" bash -c "$TESTS_CMD"
-  step benchmark 120 bash -c "$BENCH_CMD"
+  step benchmark "$BENCH_S" bash -c "$BENCH_CMD"
+  step step "$STEP_S" bash -c "$STEP_CMD"
+  STEP_SIGNAL=INT step gpu_tests 180 bash -c "$TESTS_CMD"
   if [ "$(left)" -ge "$FULL_MIN" ]; then
     # optional: running out of time here keeps the points measured and fails nothing
     before=$status
-    step benchmark_full $(($(left) - 10)) bash -c "$BENCH_FULL_CMD"
+    full_s=$(($(left) - 10))
+    BENCH_FULL_CMD=${GPU_CHECK_BENCH_FULL:-"$PY -m experiments.kernels.main --loop --budget-s $((full_s - 30)) --out $OUT/kernels_gpu_full.json"}
+    step benchmark_full "$full_s" bash -c "$BENCH_FULL_CMD"
     rc=$?
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then status=$before; fi
   else
     echo "### benchmark_full: skipped ($(left)s left, needs ${FULL_MIN}s)"
   fi
 else
-  echo "### BUILD FAILED: no tests, no benchmark"
+  echo "### BUILD FAILED: no benchmark, no step, no tests"
 fi
 
 elapsed=$(($(date +%s) - START))
 "$PY" - "$OUT" "$status" "$elapsed" "$BUDGET" <<'EOF' || { [ "$status" -eq 0 ] && status=1; }
-"""Collects the steps, the GPU test summary and the benchmark into gpu_check.json."""
+"""Collects the steps, the GPU test summary, the loop benchmark and the step into
+gpu_check.json (each part from whatever its step wrote, complete or not)."""
 import json
 import os
 import sys
@@ -152,23 +171,61 @@ if os.path.exists(junit):
         if c.find("failure") is not None or c.find("error") is not None
     ]
     result["gpu_tests"] = summary
-kernels = {}
-for fname in ("kernels_gpu.json", "kernels_gpu_full.json"):
-    path = os.path.join(out, fname)
+
+
+def load(name):
+    path = os.path.join(out, name)
     if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, json.JSONDecodeError) as e:  # a file cut short by a kill
+        return {"unreadable": f"{type(e).__name__}: {e}"}
+
+
+FLAT = ("ffi_GBps", "xla_GBps", "fraction_of_copy", "speedup", "iters")
+kernels, headline = {}, {}
+for mode, fname in (("quick", "kernels_gpu.json"), ("full", "kernels_gpu_full.json")):
+    bench = load(fname)
+    if bench is None:
         continue
-    with open(path) as fh:
-        bench = json.load(fh)
-    mode = "quick" if fname == "kernels_gpu.json" else "full"
     rows = {}
     for p in bench.get("points", []):
         rows[p["point"]["name"]] = {
-            k: {f: p[k][f] for f in ("ffi_GBps", "xla_GBps", "fraction_of_copy", "speedup") if f in p[k]}
+            k: {f: p[k][f] for f in FLAT if f in p[k]}
+            | {"xla_fraction_of_copy": p[k].get("libs", {}).get("xla", {}).get("fraction_of_copy")}
             for k in p if isinstance(p[k], dict) and "ffi_GBps" in p[k]
         }
-    kernels[mode] = {"backend": bench.get("backend"), "device": bench.get("devices"),
-                     "copy_GBps": bench.get("copy_GBps"), "points": rows}
+    kernels[mode] = {
+        "backend": bench.get("backend"),
+        "device": bench.get("devices"),
+        "copy_GBps": bench.get("copy_GBps"),
+        "complete": bench.get("complete"),
+        "checks_ok": bench.get("checks_ok"),
+        "skipped": len(bench.get("skipped", [])),
+        "points": rows,
+    }
+    try:
+        from experiments.kernels.loop import headline as bars
+
+        headline[mode] = bars(bench)
+    except Exception as e:  # an older or partial file: the rows above still stand
+        headline[mode] = f"{type(e).__name__}: {e}"
 result["kernels"] = kernels
+result["headline"] = headline
+step = load("gpu_step.json")
+if step is not None:
+    keep = ("phases", "batch", "devices", "plan", "predicted", "compile", "memory_analysis",
+            "memory", "skipped", "unreadable")
+    result["step"] = {k: step[k] for k in keep if k in step}
+    if "step" in step:
+        result["step"]["step"] = {k: v for k, v in step["step"].items() if k != "times_s"}
+    if "embedding_only" in step:
+        e = step["embedding_only"]
+        result["step"]["embedding_only"] = {k: e[k] for k in ("median_s", "min_s", "share")}
+    if "hlo" in step:
+        result["step"]["hlo"] = {k: v for k, v in step["hlo"].items() if k != "ops"}
 with open(os.path.join(out, "gpu_check.json"), "w") as fh:
     json.dump(result, fh, indent=1)
 print(json.dumps({k: result[k] for k in ("exit_status", "elapsed_s", "steps")}))

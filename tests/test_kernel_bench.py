@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.kernels import bench, report, worker
+from experiments.kernels import bench, loop, report, worker
 from experiments.kernels import points as P
 from experiments.kernels.cases_jax import ffi_forward
 from experiments.kernels.main import main as kernels_main
@@ -223,20 +223,24 @@ def test_quick_run_without_torch(tmp_path, capsys, monkeypatch):
 
 
 def test_modes_pick_points_ops_and_repeats(monkeypatch, tmp_path):
-    calls = []
+    calls, loops = [], []
 
     def fake_run(points, repeats, out, **kw):
         calls.append((points, repeats, kw))
         return {"checks_ok": len(calls) < 3}
 
+    def fake_loop(tasks, settings, out, say=print):
+        loops.append((tasks, settings, out))
+        return {"checks_ok": len(loops) < 4}
+
     monkeypatch.setattr(bench, "run", fake_run)
+    monkeypatch.setattr(loop, "run", fake_loop)
     out = ["--out", str(tmp_path / "k.json")]
-    kernels_main(["--gpu-quick", "--repeats", "7", *out])
+    kernels_main(["--quick", "--repeats", "7", *out])
     kernels_main(["--quick", "--ops", "unique,segment_sum", "--libs", "embark,torch", *out])
     points, repeats, kw = calls[0]
-    assert points == P.DEFAULT_POINTS and repeats == 3 and kw["ops"] == P.GPU_QUICK_OPS
+    assert points == P.QUICK_POINTS and repeats == 7 and kw["ops"] == P.OPS
     points, repeats, kw = calls[1]
-    assert points == P.QUICK_POINTS and repeats == 7
     assert kw["ops"] == ("unique", "segment_sum") and kw["libs"] == ("embark", "torch")
     with pytest.raises(SystemExit, match="disagrees"):  # a failed check: exit status 1
         kernels_main(["--quick", *out])
@@ -249,9 +253,22 @@ def test_modes_pick_points_ops_and_repeats(monkeypatch, tmp_path):
     points, _, kw = calls[-1]
     assert points == P.FLOOR_POINTS and kw["ops"] == P.FLOOR_OPS and kw["floor"] is True
     assert calls[0][2]["floor"] is False
-    for mode in ("--quick", "--gpu-quick"):
+    for mode in ("--quick", "--gpu-quick", "--loop"):
         with pytest.raises(SystemExit):
             kernels_main(["--floor", mode, *out])
+    # loop mode: the GPU check's quick run, the full run and the smoke run
+    kernels_main(["--gpu-quick", "--repeats", "7", "--budget-s", "100", *out])
+    kernels_main(["--loop", "--ops", "unique", "--max-batch", "64", *out])
+    kernels_main(["--loop", "--quick", *out])
+    (tasks, s, _), (full, s_full, _), (smoke, _, _) = loops
+    assert tasks == P.LOOP_QUICK and s.repeats == 3 and s.profile == 8 and s.budget_s == 100
+    assert full == [(p, ("unique",)) for p, ops in P.LOOP_FULL if "unique" in ops]
+    assert s_full.repeats == 5 and not s_full.profile and s_full.max_batch == 64
+    assert smoke == P.LOOP_SMOKE
+    with pytest.raises(SystemExit, match="disagrees with XLA"):
+        kernels_main(["--loop", "--quick", *out])
+    with pytest.raises(SystemExit):
+        kernels_main(["--loop", "--ops", "train_step", *out])
 
 
 def test_only_a_full_run_writes_results_kernels_json_by_default(monkeypatch, tmp_path):
@@ -260,14 +277,19 @@ def test_only_a_full_run_writes_results_kernels_json_by_default(monkeypatch, tmp
     monkeypatch.setattr(
         bench, "run", lambda points, repeats, out, **kw: outs.append(out) or {"checks_ok": True}
     )
+    monkeypatch.setattr(
+        loop, "run", lambda tasks, s, out, say=print: outs.append(out) or {"checks_ok": True}
+    )
     monkeypatch.chdir(tmp_path)
     for argv in (
         [],
         ["--quick"],
         ["--ops", "forward"],
         ["--libs", "embark,torch"],
-        ["--gpu-quick"],
         ["--floor"],
+        ["--gpu-quick"],
+        ["--loop"],
+        ["--loop", "--quick"],
     ):
         kernels_main(argv)
     assert outs == [
@@ -275,8 +297,10 @@ def test_only_a_full_run_writes_results_kernels_json_by_default(monkeypatch, tmp
         "results/kernels_quick.json",
         "results/kernels_partial.json",
         "results/kernels_partial.json",
-        "results/kernels_partial.json",
         "results/kernels_floor.json",
+        "results/kernels_loop_quick.json",
+        "results/kernels_loop.json",
+        "results/kernels_loop_smoke.json",
     ]
 
 

@@ -24,10 +24,12 @@ class Point:
     dim: int  # row width D
     vocab: int  # table rows V
     dist: str  # "uniform" or "zipf" (Zipf(1.1), hot ids hashed over the table)
+    dtype: str = "float32"  # the table's (loop mode; the per-call mode has bf16 ops instead)
 
     @property
     def name(self) -> str:
-        return f"B{self.batch}_L{self.hotness}_D{self.dim}_V{self.vocab}_{self.dist}"
+        tail = "" if self.dtype == "float32" else f"_{DTYPE_TAG[self.dtype]}"
+        return f"B{self.batch}_L{self.hotness}_D{self.dim}_V{self.vocab}_{self.dist}{tail}"
 
     @property
     def label(self) -> str:
@@ -40,18 +42,35 @@ class Point:
             if v % 1000 == 0
             else str(v)
         )
-        return f"{self.batch} × {self.hotness} × {self.dim}, {vs} {self.dist}"
+        tail = "" if self.dtype == "float32" else f" {DTYPE_TAG[self.dtype]}"
+        return f"{self.batch} × {self.hotness} × {self.dim}, {vs} {self.dist}{tail}"
 
     @property
     def num_ids(self) -> int:
         return self.batch * self.hotness
+
+    @property
+    def elem_bytes(self) -> int:
+        """Bytes of one table element."""
+        return 2 if self.dtype == "bfloat16" else 4
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> Point:
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        """Reads `to_json`'s dict; records written before `dtype` existed are float32."""
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+    def capped(self, batch: int | None = None, vocab: int | None = None) -> Point:
+        """The same shape with at most `batch` bags and `vocab` rows (a CPU run of the
+        production points)."""
+        b = min(self.batch, batch) if batch else self.batch
+        v = min(self.vocab, vocab) if vocab else self.vocab
+        return dataclasses.replace(self, batch=b, vocab=v)
+
+
+DTYPE_TAG = {"float32": "f32", "bfloat16": "bf16"}
 
 
 # The issue's four forward shapes, then the large backward shape.
@@ -79,7 +98,52 @@ OPS = (
     "unique",  # dedup of the B*L ids with inverse and counts
     "segment_sum",  # [B*L, D] fp32 values summed into B sorted segments
 )
-GPU_QUICK_OPS = ("forward", "backward_update", "backward_two_op")
+# Loop mode (`loop.py`): the issue's production shapes. Batch 65,536 (the paper's per-step
+# batches are 55,296-135,168), dim 128, hotness 1 (one-hot), 20 (DCNv2) and 80 (T180), tables
+# of 40M rows (DCNv2's largest; 20 GB in float32) and 10M, float32 and bfloat16, uniform and
+# Zipf ids. On a CPU the runner caps batch and rows (`Point.capped`).
+PROD_BATCH, PROD_DIM, PROD_ROWS = 65_536, 128, 40_000_000
+LOOP_OPS = (
+    "forward",  # lookup + sum pooling, output in the table's dtype
+    "backward_rowwise_adagrad",  # fused backward + row-wise Adagrad, table and slot in place
+    "unique",  # dedup of the B*L ids with inverse and counts
+    "segment_sum",  # [B*L, D] float32 values summed into B sorted segments
+)
+HEADLINE_OPS = LOOP_OPS[:2]
+DEDUP_OPS = LOOP_OPS[2:]  # they read no table: measured on the float32 points only
+
+
+def production(hotness: int, dist: str, dtype: str = "float32", vocab: int = PROD_ROWS) -> Point:
+    return Point(PROD_BATCH, hotness, PROD_DIM, vocab, dist, dtype)
+
+
+_DISTS, _HOT = ("uniform", "zipf"), (20, 80)
+# The GPU check's work, most valuable first, since a run stopped by its time budget keeps
+# what it measured: (1) the issue's bar, float32 forward and backward at hotness 20 and 80,
+# then one-hot; (2) the same on bfloat16 tables; (3) unique and segment_sum.
+LOOP_QUICK: list[tuple[Point, tuple[str, ...]]] = [
+    *[(production(h, d), HEADLINE_OPS) for d in _DISTS for h in _HOT],
+    *[(production(1, d), HEADLINE_OPS) for d in _DISTS],
+    *[(production(h, d, "bfloat16"), HEADLINE_OPS) for d in _DISTS for h in _HOT],
+    *[(production(h, d), DEDUP_OPS) for d in _DISTS for h in _HOT],
+]
+# The full loop run adds one-hot bfloat16 and the 10M-row tables.
+LOOP_FULL = [
+    *LOOP_QUICK,
+    *[(production(1, d, "bfloat16"), HEADLINE_OPS) for d in _DISTS],
+    *[
+        (production(h, d, dt, 10_000_000), HEADLINE_OPS)
+        for dt in ("float32", "bfloat16")
+        for d in _DISTS
+        for h in (1, *_HOT)
+    ],
+]
+# `--loop --quick`: every op and both dtypes at a tiny size (the CI smoke test).
+LOOP_SMOKE = [
+    (Point(64, 20, PROD_DIM, 4096, "uniform"), LOOP_OPS),
+    (Point(64, 1, PROD_DIM, 4096, "zipf", "bfloat16"), HEADLINE_OPS),
+]
+
 # The op whose peers an op is compared with (ours only has a two-op backward). When both run,
 # the op is timed in its peer op's session, its repetitions interleaved with theirs (alone,
 # its repetitions would run back to back on warm caches, unlike everyone else's).
@@ -134,15 +198,19 @@ def op_bytes(op: str, p: Point, unique_rows: int) -> int:
 
     forward: reads B*L rows of D elements, writes B*D (element size 4, or 2 for bf16).
     backward: reads B*D output grads, reads/writes B*L*D of per-id gradient, and reads and
-      writes each touched row once (2*U*D); train_step: forward + backward.
+      writes each touched row once (2*U*D); train_step: forward + backward;
+      backward_rowwise_adagrad: backward + each touched row's accumulator read and written.
+    A point's `dtype` (loop mode) sets the element size of the rows read and written (2 for
+    bfloat16); gradients stay float32.
     unique: reads B*L ids, writes B*L inverse slots and U unique ids and counts (4 bytes each).
     segment_sum: reads B*L*D values, writes B*D.
     """
-    n, b, d = p.num_ids, p.batch, p.dim
-    fwd = (n * d + b * d) * 4
-    bwd = (b * d + n * d + 2 * unique_rows * d) * 4
+    n, b, d, e = p.num_ids, p.batch, p.dim, p.elem_bytes
+    fwd = (n * d + b * d) * e
+    bwd = (b * d + n * d) * 4 + 2 * unique_rows * d * e
     return {
         "forward": fwd,
+        "backward_rowwise_adagrad": bwd + 2 * unique_rows * 4,  # + the row's accumulator
         "forward_bf16": fwd // 2,
         "backward_update": bwd,
         "backward_two_op": bwd,
