@@ -344,7 +344,8 @@ def count_dict(counts: Any) -> dict[str, int]:
 
 def occupancy(state: DynamicTableState, config: DynamicTableConfig) -> jax.Array:
     """`[]` int32: slots holding a live entry at `state.step` (for load factors)."""
-    occupied = ~((state.keys[:, 0] == EMPTY) & (state.keys[:, 1] == EMPTY))
+    empty = jnp.uint32(EMPTY)
+    occupied = ~((state.keys[:, 0] == empty) & (state.keys[:, 1] == empty))
     if config.ttl:
         occupied &= (state.step - state.scores[:, 0]) <= config.ttl
     return jnp.sum(occupied.astype(jnp.int32))
