@@ -99,7 +99,7 @@ EOF
 
 # GPU-specific files first: if the budget runs out, the kernel tests shared with the CPU
 # are the ones left out.
-GPU_TEST_FILES="tests/test_gpu.py tests/test_gpu_kernels.py tests/test_kernel_contracts.py tests/test_gpu_training.py tests/test_kernel_grads.py tests/test_kernels.py tests/test_ffi_segment_sum.py tests/test_abi_native.py tests/test_bf16_stochastic.py"
+GPU_TEST_FILES="tests/test_gpu.py tests/test_gpu_kernels.py tests/test_gpu_hash_table.py tests/test_kernel_contracts.py tests/test_gpu_training.py tests/test_kernel_grads.py tests/test_kernels.py tests/test_ffi_segment_sum.py tests/test_abi_native.py tests/test_bf16_stochastic.py"
 BUILD_CMD=${GPU_CHECK_BUILD:-"EMBARK_CUDA=ON EMBARK_CUDA_ARCHITECTURES=${EMBARK_CUDA_ARCHITECTURES:-90} $PY -m pip install --no-build-isolation --no-deps -q -e ."}
 TESTS_CMD=${GPU_CHECK_TESTS:-"EMBARK_TEST_GPU=1 $PY -m pytest -q -p no:cacheprovider --junitxml=$OUT/gpu_tests.xml $GPU_TEST_FILES"}
 BENCH_CMD=${GPU_CHECK_BENCH:-"$PY -m experiments.kernels.main --gpu-quick --out $OUT/kernels_gpu.json"}
