@@ -16,14 +16,17 @@ baseline doing the same (`baseline.cc`, built here with the system g++ at run ti
 thread): `find`, and `try_emplace` plus zeroing a new row of `dim` floats.
 
 Reported per op: min and median seconds of `repeats` timed calls, million keys per second
-(batch / time), and the baseline's time over ours (> 1: ours faster). The run checks that
-both found the same number of held ids (exit 1 otherwise).
+(batch / time), and the baseline's time over ours (> 1: ours faster); for find_or_insert
+also our kernel alone (`ops.hash_table.find_or_insert_slots`: the index, no row written),
+and the per-call counts. The run checks that both found the same number of held ids and
+that the baseline holds as many as our table (RuntimeError otherwise).
 
 JSON schema `embark_jax.dynamic_bench/1`: {schema, config: {capacity, bucket_size, dim,
 batch, repeats, threads_ours, threads_baseline, compiler}, points: [{load_factor,
 load_reached, op, ours_s: [..], baseline_s: [..], ours_min_s, ours_median_s,
 baseline_min_s, baseline_median_s, ours_mkeys_s, baseline_mkeys_s (at the min),
-ours_mkeys_s_median, baseline_mkeys_s_median, ratio_min, ratio_median, counts}]}.
+ours_mkeys_s_median, baseline_mkeys_s_median, ratio_min, ratio_median, counts, and for
+find_or_insert ours_index_only_s: [..], ours_index_only_min_s, ours_index_only_median_s}]}.
 """
 
 from __future__ import annotations
@@ -82,15 +85,25 @@ def _timed(prepare, run, repeats: int) -> list[float]:
     return times
 
 
+def _index_args(st):
+    return st.keys, st.scores, st.cand_keys, st.cand_scores
+
+
 def _time_ours(jax, ops, st, words, repeats: int) -> dict[str, list[float]]:
-    find, insert, copy = ops
+    find, insert, index, copy = ops
     jax.block_until_ready(find(st, words))  # compile and warm up
     jax.block_until_ready(insert(copy(st), words))
+    jax.block_until_ready(index(*copy(_index_args(st)), words))
     return {
         "find": _timed(lambda: (), lambda: jax.block_until_ready(find(st, words)), repeats),
         "find_or_insert": _timed(
             lambda: (jax.block_until_ready(copy(st)),),
             lambda s: jax.block_until_ready(insert(s, words)),
+            repeats,
+        ),
+        "index_only": _timed(
+            lambda: jax.block_until_ready(copy(_index_args(st))),
+            lambda *a: jax.block_until_ready(index(*a, words)),
             repeats,
         ),
     }
@@ -124,6 +137,10 @@ def measure(
     fill = jax.jit(lambda st, w: H.find_or_insert(st, w, 0, config=config), donate_argnums=(0,))
     find = jax.jit(lambda st, w: H.find(st, w, config=config))
     insert = jax.jit(lambda st, w: H.find_or_insert(st, w, 1, config=config), donate_argnums=(0,))
+    index = jax.jit(  # the kernel alone: no rows initialised
+        lambda k, s, ck, cs, w: H.find_or_insert_slots(k, s, ck, cs, w, 1, bucket_size=bucket_size),
+        donate_argnums=(0, 1, 2, 3),
+    )
     copy = jax.jit(lambda st: jax.tree.map(jnp.copy, st))
     rng = np.random.default_rng(seed)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="embark_dynamic_bench_"))
@@ -152,7 +169,7 @@ def measure(
             words = jnp.asarray(key_words(query))
             st = jax.block_until_ready(st)
 
-            ours = _time_ours(jax, (find, insert, copy), st, words, repeats)
+            ours = _time_ours(jax, (find, insert, index, copy), st, words, repeats)
             ours_hits = int(np.sum(np.asarray(find(st, words)) >= 0))
             _, res = insert(copy(st), words)
             counts = H.count_dict(res.counts)
@@ -178,18 +195,23 @@ def measure(
                     f"load {lf}: the baseline found {base['hits']} held ids of {base['size']}, "
                     f"ours {ours_hits} of {target}"
                 )
-            for op in ("find", "find_or_insert"):
-                points.append(
-                    _point(
-                        lf,
-                        target / capacity,
-                        op,
-                        ours[op],
-                        base[f"{op}_s"],
-                        batch,
-                        counts if op == "find_or_insert" else {"found": ours_hits},
-                    )
-                )
+            points.append(
+                _point(lf, target / capacity, "find", ours["find"], base["find_s"], batch)
+            )
+            p = _point(
+                lf,
+                target / capacity,
+                "find_or_insert",
+                ours["find_or_insert"],
+                base["find_or_insert_s"],
+                batch,
+            )
+            p["counts"] = counts
+            p["ours_index_only_s"] = ours["index_only"]
+            p["ours_index_only_min_s"] = min(ours["index_only"])
+            p["ours_index_only_median_s"] = statistics.median(ours["index_only"])
+            points[-1]["counts"] = {"found": ours_hits}
+            points.append(p)
         return {
             "schema": SCHEMA,
             "config": {
@@ -208,7 +230,7 @@ def measure(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _point(lf, reached, op, ours, base, batch, counts) -> dict:
+def _point(lf, reached, op, ours, base, batch) -> dict:
     o_min, o_med = min(ours), statistics.median(ours)
     b_min, b_med = min(base), statistics.median(base)
     return {
@@ -227,7 +249,6 @@ def _point(lf, reached, op, ours, base, batch, counts) -> dict:
         "baseline_mkeys_s_median": batch / b_med / 1e6,
         "ratio_min": b_min / o_min,
         "ratio_median": b_med / o_med,
-        "counts": counts,
     }
 
 
@@ -240,8 +261,9 @@ def table(result: dict) -> str:
         f"{c['threads_ours']} thread(s), std::unordered_map on {c['threads_baseline']}",
         "",
         "| load | op | ours min / median (ms) | ours Mkeys/s (min / median) "
-        "| unordered_map min / median (ms) | unordered_map Mkeys/s | ratio (min / median) |",
-        "|---|---|---|---|---|---|---|",
+        "| unordered_map min / median (ms) | unordered_map Mkeys/s | ratio (min / median) "
+        "| ours, index only (ms) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for p in result["points"]:
         lines.append(
@@ -250,6 +272,12 @@ def table(result: dict) -> str:
             f"| {p['ours_mkeys_s']:.1f} / {p['ours_mkeys_s_median']:.1f} "
             f"| {1e3 * p['baseline_min_s']:.2f} / {1e3 * p['baseline_median_s']:.2f} "
             f"| {p['baseline_mkeys_s']:.1f} / {p['baseline_mkeys_s_median']:.1f} "
-            f"| {p['ratio_min']:.2f}x / {p['ratio_median']:.2f}x |"
+            f"| {p['ratio_min']:.2f}x / {p['ratio_median']:.2f}x "
+            + (
+                f"| {1e3 * p['ours_index_only_min_s']:.2f} / "
+                f"{1e3 * p['ours_index_only_median_s']:.2f} |"
+                if "ours_index_only_s" in p
+                else "| - |"
+            )
         )
     return "\n".join(lines)

@@ -20,8 +20,10 @@ namespace {
 
 // Ids below this run on the calling thread (the split costs a pass over the ids).
 constexpr int64_t kParallelIds = 4096;
-// Ids whose bucket is computed and prefetched ahead of their probe.
+// find: ids whose bucket is computed and prefetched ahead of their probe, a block at a time.
 constexpr int64_t kBlock = 16;
+// find_or_insert: how many ids ahead a bucket is prefetched.
+constexpr int64_t kAhead = 8;
 
 ffi::Error HashFindImpl(ffi::ThreadPool pool, ffi::AnyBuffer keys, ffi::AnyBuffer scores,
                         ffi::AnyBuffer ids, ffi::AnyBuffer step,
@@ -41,7 +43,7 @@ ffi::Error HashFindImpl(ffi::ThreadPool pool, ffi::AnyBuffer keys, ffi::AnyBuffe
       const int64_t m = i + kBlock < i1 ? kBlock : i1 - i;
       for (int64_t u = 0; u < m; ++u) {
         b[u] = hash::BucketOf(w[2 * (i + u)], w[2 * (i + u) + 1], buckets);
-        Prefetch(k + 2 * b[u] * bucket_size);
+        hash::PrefetchBucket(k, b[u], bucket_size);
       }
       for (int64_t u = 0; u < m; ++u) {
         const int64_t e = hash::FindInBucket(k, s, b[u], bucket_size, w[2 * (i + u)],
@@ -57,7 +59,11 @@ ffi::Error HashFindImpl(ffi::ThreadPool pool, ffi::AnyBuffer keys, ffi::AnyBuffe
 void InsertRun(const hash::Table& t, const uint32_t* w, const int64_t* bucket_of,
                const int32_t* pos, int64_t m, int32_t* slots, bool* fresh, int64_t* counts) {
   for (int64_t u = 0; u < m; ++u) {
-    if (u + 4 < m) Prefetch(t.keys + 2 * bucket_of[pos[u + 4]] * t.bucket_size);
+    if (u + kAhead < m) {  // the keys to scan, and the scores a hit or an eviction reads
+      const int64_t b = bucket_of[pos[u + kAhead]];
+      hash::PrefetchBucket(t.keys, b, t.bucket_size);
+      hash::PrefetchBucket(reinterpret_cast<const uint32_t*>(t.scores), b, t.bucket_size);
+    }
     const int64_t i = pos[u];
     bool f = false;
     slots[i] = static_cast<int32_t>(

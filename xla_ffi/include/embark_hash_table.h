@@ -135,34 +135,32 @@ EMBARK_HOST_DEVICE inline bool EvictsBefore(int64_t eviction, int32_t last_a, in
 }
 
 // find_or_insert of one id (lo, hi) of bucket b: returns its slot or -1, adds to counts
-// (abi::HashCount order) and sets *fresh when it inserted.
+// (abi::HashCount order) and sets *fresh when it inserted. Reads the keys up to the id or the
+// first empty slot, and the scores only where needed: the id's own, the expired ones' (with a
+// ttl), and every entry's when a full bucket must choose a victim.
 EMBARK_HOST_DEVICE inline int64_t FindOrInsertOne(const Table& t, int64_t b, uint32_t lo,
                                                   uint32_t hi, int64_t* counts, bool* fresh) {
   *fresh = false;
   if (IsEmpty(lo, hi)) return -1;
-  const int64_t base = b * t.bucket_size;
-  int64_t free_slot = -1, victim = -1;
-  for (int64_t j = 0; j < t.bucket_size; ++j) {
+  uint32_t* const keys = t.keys;
+  int32_t* const scores = t.scores;
+  const int64_t size = t.bucket_size, ttl = t.ttl, eviction = t.eviction;
+  const int32_t step = t.step;
+  const int64_t base = b * size;
+  int64_t end = size;  // the occupied slots are [0, end): a prefix
+  for (int64_t j = 0; j < size; ++j) {
     const int64_t e = base + j;
-    const uint32_t klo = t.keys[2 * e], khi = t.keys[2 * e + 1];
-    if (IsEmpty(klo, khi)) {
-      if (free_slot < 0) free_slot = e;
-      break;  // the occupied slots are a prefix: nothing holds the id past here
-    }
-    const int32_t last = t.scores[2 * e], seen = t.scores[2 * e + 1];
-    if (!Unexpired(last, t.step, t.ttl)) {
-      if (free_slot < 0) free_slot = e;
-      continue;
-    }
+    const uint32_t klo = keys[2 * e], khi = keys[2 * e + 1];
     if (klo == lo && khi == hi) {
-      t.scores[2 * e] = t.step;
-      t.scores[2 * e + 1] = SatInc(seen);
-      counts[static_cast<int64_t>(abi::HashCount::FOUND)] += 1;
-      return e;
-    }
-    if (last < t.step && (victim < 0 || EvictsBefore(t.eviction, last, seen, t.scores[2 * victim],
-                                                     t.scores[2 * victim + 1]))) {
-      victim = e;
+      if (Unexpired(scores[2 * e], step, ttl)) {
+        scores[2 * e] = step;
+        scores[2 * e + 1] = SatInc(scores[2 * e + 1]);
+        counts[static_cast<int64_t>(abi::HashCount::FOUND)] += 1;
+        return e;
+      }
+    } else if (IsEmpty(klo, khi)) {
+      end = j;
+      break;
     }
   }
   int32_t seen = 1;
@@ -174,22 +172,39 @@ EMBARK_HOST_DEVICE inline int64_t FindOrInsertOne(const Table& t, int64_t b, uin
       return -1;
     }
   }
-  int64_t e = free_slot;
-  if (e >= 0) {
-    if (!IsEmpty(t.keys[2 * e], t.keys[2 * e + 1])) {
-      counts[static_cast<int64_t>(abi::HashCount::EXPIRED)] += 1;
+  // The first free slot: an expired entry, else the first empty slot.
+  int64_t e = -1;
+  if (ttl > 0) {
+    for (int64_t j = 0; j < end; ++j) {
+      if (!Unexpired(scores[2 * (base + j)], step, ttl)) {
+        e = base + j;
+        counts[static_cast<int64_t>(abi::HashCount::EXPIRED)] += 1;
+        break;
+      }
     }
-  } else if (t.eviction != static_cast<int64_t>(abi::Eviction::NONE) && victim >= 0) {
-    e = victim;
-    counts[static_cast<int64_t>(abi::HashCount::EVICTED)] += 1;
-  } else {
+  }
+  if (e < 0 && end < size) e = base + end;
+  if (e < 0 && eviction != static_cast<int64_t>(abi::Eviction::NONE)) {
+    // A full bucket of live entries: the lowest score among those not seen in this step.
+    int32_t v_last = 0, v_seen = 0;
+    for (int64_t j = 0; j < size; ++j) {
+      const int32_t last = scores[2 * (base + j)], s = scores[2 * (base + j) + 1];
+      if (last < step && (e < 0 || EvictsBefore(eviction, last, s, v_last, v_seen))) {
+        e = base + j;
+        v_last = last;
+        v_seen = s;
+      }
+    }
+    if (e >= 0) counts[static_cast<int64_t>(abi::HashCount::EVICTED)] += 1;
+  }
+  if (e < 0) {
     counts[static_cast<int64_t>(abi::HashCount::DROPPED)] += 1;
     return -1;
   }
-  t.keys[2 * e] = lo;
-  t.keys[2 * e + 1] = hi;
-  t.scores[2 * e] = t.step;
-  t.scores[2 * e + 1] = seen;
+  keys[2 * e] = lo;
+  keys[2 * e + 1] = hi;
+  scores[2 * e] = step;
+  scores[2 * e + 1] = seen;
   if (cand >= 0) {
     t.cand_keys[2 * cand] = kEmptyWord;
     t.cand_keys[2 * cand + 1] = kEmptyWord;
@@ -199,6 +214,13 @@ EMBARK_HOST_DEVICE inline int64_t FindOrInsertOne(const Table& t, int64_t b, uin
   counts[static_cast<int64_t>(abi::HashCount::INSERTED)] += 1;
   *fresh = true;
   return e;
+}
+
+// The cache lines of bucket b's keys (at most 8), for a probe to come.
+inline void PrefetchBucket(const uint32_t* keys, int64_t b, int64_t bucket_size) {
+  const char* p = reinterpret_cast<const char*>(keys + 2 * b * bucket_size);
+  const int64_t bytes = 8 * bucket_size;
+  for (int64_t off = 0; off < bytes && off < 512; off += 64) __builtin_prefetch(p + off, 0, 1);
 }
 
 }  // namespace hash
