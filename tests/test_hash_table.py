@@ -696,3 +696,16 @@ def test_same_ids_same_order_same_table():
     for step, ids in enumerate(stream):
         st, _ = H.find_or_insert(st, ids[::-1], step, config=config)
     assert _sha(*jax.tree.leaves(st)) != run()  # the order is part of the input
+
+
+def test_readme_dynamic_table_example_runs(tmp_path):
+    from tests.test_readme import readme_python_blocks, run_clean
+
+    blocks = [b for b in readme_python_blocks() if "hash_table.find_or_insert" in b]
+    assert len(blocks) == 1
+    r = run_clean(blocks[0], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith("0 [ -1  -1  -1 608 736  -1] {'found': 0, 'inserted': 2")
+    assert "'refused': 3" in lines[0] and "'found': 4, 'inserted': 1" in lines[1]
+    assert lines[-1] == "[608  -1]"  # the comments in the README show these
