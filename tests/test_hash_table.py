@@ -329,7 +329,7 @@ def test_streams_match_the_python_model():
 
 @pytest.mark.parametrize(
     "config",
-    [CONFIGS[i] for i in (0, 1, 2, 4, 5, 7, 9, 12, 13, 15)],
+    [CONFIGS[i] for i in (0, 2, 5, 9, 12, 13)],
     ids=lambda c: f"{c.eviction.value}-t{c.admission_threshold}-ttl{c.ttl}-s{c.bucket_size}",
 )
 def test_kernel_equals_reference_bit_for_bit(config):
