@@ -110,7 +110,7 @@ EOF
 
 # GPU-specific files first: if the budget runs out, the kernel tests shared with the CPU
 # are the ones left out.
-GPU_TEST_FILES="tests/test_gpu.py tests/test_gpu_kernels.py tests/test_kernel_contracts.py tests/test_gpu_training.py tests/test_kernel_grads.py tests/test_kernels.py tests/test_ffi_segment_sum.py tests/test_abi_native.py tests/test_bf16_stochastic.py"
+GPU_TEST_FILES="tests/test_gpu.py tests/test_gpu_kernels.py tests/test_gpu_hash_table.py tests/test_kernel_contracts.py tests/test_gpu_training.py tests/test_kernel_grads.py tests/test_kernels.py tests/test_ffi_segment_sum.py tests/test_abi_native.py tests/test_bf16_stochastic.py"
 BENCH_S=${GPU_CHECK_BENCH_S:-130}
 STEP_S=${GPU_CHECK_STEP_S:-90}
 if [ -z "${GPU_CHECK_TEST_WORKERS:-}" ]; then

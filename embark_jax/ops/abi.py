@@ -16,10 +16,13 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "HASH_ROUND_KEYS",
     "HPARAM_COUNT",
     "SLOT_FOOTPRINT",
     "TARGETS",
     "CombinerId",
+    "EvictionId",
+    "HashCount",
     "Hparam",
     "OptimizerId",
     "Target",
@@ -76,6 +79,33 @@ class Hparam(enum.IntEnum):
 HPARAM_COUNT = len(Hparam)
 
 
+class EvictionId(enum.IntEnum):
+    """The `eviction` attribute of `embark_hash_find_or_insert` (`EMBARK_ABI_EVICTIONS`);
+    the names are `core.dynamic.Eviction`'s."""
+
+    NONE = 0
+    LRU = 1
+    LFU = 2
+
+
+class HashCount(enum.IntEnum):
+    """Index of each per-call count in `embark_hash_find_or_insert`'s int32 `counts` output
+    (`EMBARK_ABI_HASH_COUNTS`). Every non-padding id is one of FOUND, INSERTED, REFUSED (by
+    admission) or DROPPED (no free slot and nothing it could replace); EVICTED and EXPIRED
+    count the inserts that replaced a live entry or took an expired one's slot."""
+
+    FOUND = 0
+    INSERTED = 1
+    EVICTED = 2
+    EXPIRED = 3
+    REFUSED = 4
+    DROPPED = 5
+
+
+# Round keys of the dynamic tables' id hash (`EMBARK_ABI_HASH_ROUND_KEYS`, `abi::HashKey`).
+HASH_ROUND_KEYS: tuple[int, ...] = (0x9E3779B9, 0x7F4A7C15, 0xF39CC060, 0x5CED1B1B)
+
+
 class Target(enum.StrEnum):
     """The FFI targets, registered under these names on every platform
     (`EMBARK_ABI_TARGETS`: entry `name` is target `embark_<name>`)."""
@@ -88,6 +118,8 @@ class Target(enum.StrEnum):
     SPARSE_GRAD_UPDATE = "embark_sparse_grad_update"
     SPARSE_GRAD_STAGE = "embark_sparse_grad_stage"
     COMMIT_ROWS = "embark_commit_rows"
+    HASH_FIND = "embark_hash_find"
+    HASH_FIND_OR_INSERT = "embark_hash_find_or_insert"
 
 
 TARGETS: tuple[str, ...] = tuple(t.value for t in Target)

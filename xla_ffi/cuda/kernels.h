@@ -18,4 +18,6 @@ namespace embark {
 size_t DedupWorkspaceBytes(int64_t n, int key_bytes, int64_t d);
 // Bytes of the lookup_pool workspace for num_out bags of width d; see lookup_pool.cu.
 size_t LookupPoolWorkspaceBytes(int64_t num_out, int64_t d, int64_t combiner);
+// Bytes of the hash_find_or_insert workspace for n ids (a CUB sort by bucket); hash_table.cu.
+size_t HashTableWorkspaceBytes(int64_t n);
 }  // namespace embark

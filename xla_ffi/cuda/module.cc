@@ -31,4 +31,6 @@ PYBIND11_MODULE(_ffi_cuda, m) {
   m.def("lookup_pool_workspace_bytes", &embark::LookupPoolWorkspaceBytes, py::arg("num_out"),
         py::arg("d"), py::arg("combiner"),
         "Workspace bytes lookup_pool needs for num_out output rows of width d.");
+  m.def("hash_table_workspace_bytes", &embark::HashTableWorkspaceBytes, py::arg("n"),
+        "Workspace bytes hash_find_or_insert needs for n ids (queries CUB; needs a GPU).");
 }

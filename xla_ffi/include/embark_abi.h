@@ -54,18 +54,43 @@
   X(SEED_LO, 5)               \
   X(SEED_HI, 6)
 
+// Eviction policy of a dynamic table's hash table (embark_hash_find_or_insert's `eviction`
+// attribute): X(NAME, id). What a full bucket does when an admitted newcomer arrives: NONE
+// drops the newcomer, LRU replaces the entry seen longest ago, LFU the one seen the fewest
+// times (then the one seen longest ago); entries seen in the current step are never replaced,
+// remaining ties go to the lowest position (embark_hash_table.h).
+#define EMBARK_ABI_EVICTIONS(X) \
+  X(NONE, 0)                    \
+  X(LRU, 1)                     \
+  X(LFU, 2)
+
+// The per-call counts of embark_hash_find_or_insert (its int32 `counts` output): X(NAME,
+// index). Every non-padding id is exactly one of FOUND, INSERTED, REFUSED (by admission: seen
+// fewer times than the threshold) or DROPPED (admitted, but its bucket had no free slot and
+// no entry it could replace); EVICTED and EXPIRED count the inserts that replaced a live
+// entry and those that took the slot of an expired one (ttl).
+#define EMBARK_ABI_HASH_COUNTS(X) \
+  X(FOUND, 0)                     \
+  X(INSERTED, 1)                  \
+  X(EVICTED, 2)                   \
+  X(EXPIRED, 3)                   \
+  X(REFUSED, 4)                   \
+  X(DROPPED, 5)
+
 // The FFI targets: X(name, HandlerStem). The target is registered as "embark_<name>" on
 // every platform; its handlers are the symbols Embark<HandlerStem>Cpu (cpu/) and
 // Embark<HandlerStem>Cuda (cuda/), declared from this list by each backend's kernels.h.
-#define EMBARK_ABI_TARGETS(X)             \
-  X(segment_sum, SegmentSum)              \
-  X(lookup_pool, LookupPool)              \
-  X(unique, Unique)                       \
-  X(sparse_grad, SparseGrad)              \
-  X(sparse_update, SparseUpdate)          \
-  X(sparse_grad_update, SparseGradUpdate) \
-  X(sparse_grad_stage, SparseGradStage)   \
-  X(commit_rows, CommitRows)
+#define EMBARK_ABI_TARGETS(X)                 \
+  X(segment_sum, SegmentSum)                  \
+  X(lookup_pool, LookupPool)                  \
+  X(unique, Unique)                           \
+  X(sparse_grad, SparseGrad)                  \
+  X(sparse_update, SparseUpdate)              \
+  X(sparse_grad_update, SparseGradUpdate)     \
+  X(sparse_grad_stage, SparseGradStage)       \
+  X(commit_rows, CommitRows)                  \
+  X(hash_find, HashFind)                      \
+  X(hash_find_or_insert, HashFindOrInsert)
 
 // The target name of a list entry: EMBARK_ABI_TARGET_NAME(lookup_pool) == "embark_lookup_pool".
 #define EMBARK_ABI_TARGET_NAME(name) "embark_" #name
@@ -86,6 +111,8 @@ namespace abi {
 enum class Combiner : int64_t { EMBARK_ABI_COMBINERS(EMBARK_ABI_ENUMERATOR) };
 enum class Optimizer : int64_t { EMBARK_ABI_OPTIMIZERS(EMBARK_ABI_ENUMERATOR4) };
 enum class Hparam : int64_t { EMBARK_ABI_HPARAMS(EMBARK_ABI_ENUMERATOR) };
+enum class Eviction : int64_t { EMBARK_ABI_EVICTIONS(EMBARK_ABI_ENUMERATOR) };
+enum class HashCount : int64_t { EMBARK_ABI_HASH_COUNTS(EMBARK_ABI_ENUMERATOR) };
 
 constexpr int64_t kCombinerIds[] = {EMBARK_ABI_COMBINERS(EMBARK_ABI_VALUE)};
 constexpr int64_t kOptimizerIds[] = {EMBARK_ABI_OPTIMIZERS(EMBARK_ABI_VALUE4)};
@@ -94,10 +121,15 @@ constexpr int64_t kSlotsPerElement[] = {EMBARK_ABI_OPTIMIZERS(EMBARK_ABI_PER_ELE
 constexpr int64_t kSlotsPerRow[] = {EMBARK_ABI_OPTIMIZERS(EMBARK_ABI_PER_ROW)};
 constexpr const char* kCombinerNames[] = {EMBARK_ABI_COMBINERS(EMBARK_ABI_NAME)};
 constexpr const char* kOptimizerNames[] = {EMBARK_ABI_OPTIMIZERS(EMBARK_ABI_NAME4)};
+constexpr int64_t kEvictionIds[] = {EMBARK_ABI_EVICTIONS(EMBARK_ABI_VALUE)};
+constexpr const char* kEvictionNames[] = {EMBARK_ABI_EVICTIONS(EMBARK_ABI_NAME)};
+constexpr int64_t kHashCountIndices[] = {EMBARK_ABI_HASH_COUNTS(EMBARK_ABI_VALUE)};
 
 constexpr int64_t kNumCombiners = sizeof(kCombinerIds) / sizeof(kCombinerIds[0]);
 constexpr int64_t kNumOptimizers = sizeof(kOptimizerIds) / sizeof(kOptimizerIds[0]);
 constexpr int64_t kNumHparams = sizeof(kHparamIndices) / sizeof(kHparamIndices[0]);
+constexpr int64_t kNumEvictions = sizeof(kEvictionIds) / sizeof(kEvictionIds[0]);
+constexpr int64_t kNumHashCounts = sizeof(kHashCountIndices) / sizeof(kHashCountIndices[0]);
 
 #undef EMBARK_ABI_ENUMERATOR
 #undef EMBARK_ABI_ENUMERATOR4
@@ -118,6 +150,8 @@ constexpr bool IsDense(const int64_t* values, int64_t n) {
 static_assert(IsDense(kCombinerIds, kNumCombiners), "combiner ids must be 0..n-1 in order");
 static_assert(IsDense(kOptimizerIds, kNumOptimizers), "optimizer ids must be 0..n-1 in order");
 static_assert(IsDense(kHparamIndices, kNumHparams), "hparam indices must be 0..n-1 in order");
+static_assert(IsDense(kEvictionIds, kNumEvictions), "eviction ids must be 0..n-1 in order");
+static_assert(IsDense(kHashCountIndices, kNumHashCounts), "hash counts must be 0..n-1 in order");
 
 // The kernels take two slot operands (a, b), so no optimizer may need more.
 constexpr bool SlotsFit() {
@@ -233,6 +267,30 @@ EMBARK_HOST_DEVICE inline uint16_t StochasticBf16(uint32_t f32_bits, uint32_t ra
     return static_cast<uint16_t>((f32_bits >> 16) | 0x40u);
   }
   return static_cast<uint16_t>((f32_bits + (random >> 16)) >> 16);
+}
+
+// The hash of a dynamic table's 64-bit id (lo, hi words): a bijective 64-bit mixer from 32-bit
+// operations only, so that CUDA, C++ and jnp without 64-bit types agree bit for bit (mirrored
+// by embark_jax/core/dynamic.py `hash_words` and embark_jax/ops/hash_reference.py). A 4-round
+// Feistel network whose round function is Mix32: (l, r) <- (r, l ^ Mix32(r ^ key_i)),
+// starting from (lo, hi). Word 0 of the result picks the bucket (h0 % buckets); word 1 is
+// reserved for routing ids to shards, so the bucket inside a shard is independent of it.
+#define EMBARK_ABI_HASH_ROUND_KEYS(X) \
+  X(0, 0x9e3779b9u)                   \
+  X(1, 0x7f4a7c15u)                   \
+  X(2, 0xf39cc060u)                   \
+  X(3, 0x5ced1b1bu)
+
+EMBARK_HOST_DEVICE inline void HashKey(uint32_t lo, uint32_t hi, uint32_t* h0, uint32_t* h1) {
+  uint32_t l = lo, r = hi, t;
+#define EMBARK_ABI_HASH_ROUND(i, key) \
+  t = l ^ Mix32(r ^ key);             \
+  l = r;                              \
+  r = t;
+  EMBARK_ABI_HASH_ROUND_KEYS(EMBARK_ABI_HASH_ROUND)
+#undef EMBARK_ABI_HASH_ROUND
+  *h0 = l;
+  *h1 = r;
 }
 
 }  // namespace abi

@@ -1,0 +1,195 @@
+// The hash table of a dynamic embedding table on the CPU (docs/design.md §11): find (read
+// only, parallel over ids) and find_or_insert (in place, the outputs alias the inputs). The
+// per-id rules are embark_hash_table.h's, shared with the CUDA kernels.
+//
+// find_or_insert must give the result of processing the ids one at a time, in order. Ids of
+// different buckets never interact, so the buckets are split into as many contiguous ranges
+// as there are threads, and each thread processes, in order, the ids whose bucket is in its
+// range: the same table and slots as one thread, whatever the thread count. The per-call
+// counts are sums, summed per thread and then added.
+#include <cstring>
+#include <vector>
+
+#include "cpu_optim.h"
+#include "embark_ffi.h"
+#include "embark_hash_table.h"
+#include "kernels.h"
+
+namespace embark {
+namespace {
+
+// Ids below this run on the calling thread (the split costs a pass over the ids).
+constexpr int64_t kParallelIds = 4096;
+// find: ids whose bucket is computed and prefetched ahead of their probe, a block at a time.
+constexpr int64_t kBlock = 16;
+// find_or_insert: how many ids ahead a bucket is prefetched.
+constexpr int64_t kAhead = 8;
+
+ffi::Error HashFindImpl(ffi::ThreadPool pool, ffi::AnyBuffer keys, ffi::AnyBuffer scores,
+                        ffi::AnyBuffer ids, ffi::AnyBuffer step,
+                        ffi::Result<ffi::AnyBuffer> slots, int64_t bucket_size, int64_t ttl) {
+  ffi::Error err = CheckHashFind(keys, scores, ids, step, *slots, bucket_size, ttl);
+  if (err.failure()) return err;
+  const uint32_t* k = static_cast<const uint32_t*>(keys.untyped_data());
+  const int32_t* s = static_cast<const int32_t*>(scores.untyped_data());
+  const uint32_t* w = static_cast<const uint32_t*>(ids.untyped_data());
+  int32_t* out = static_cast<int32_t*>(slots->untyped_data());
+  const int32_t now = *static_cast<const int32_t*>(step.untyped_data());
+  const int64_t n = ids.dimensions()[0];
+  const int64_t buckets = keys.dimensions()[0] / bucket_size;
+  ParallelFor(pool, n, 256, [=](int64_t i0, int64_t i1) {
+    int64_t b[kBlock];
+    for (int64_t i = i0; i < i1; i += kBlock) {
+      const int64_t m = i + kBlock < i1 ? kBlock : i1 - i;
+      for (int64_t u = 0; u < m; ++u) {
+        b[u] = hash::BucketOf(w[2 * (i + u)], w[2 * (i + u) + 1], buckets);
+        hash::PrefetchBucket(k, b[u], bucket_size);
+      }
+      for (int64_t u = 0; u < m; ++u) {
+        const int64_t e = hash::FindInBucket(k, s, b[u], bucket_size, w[2 * (i + u)],
+                                             w[2 * (i + u) + 1], now, ttl);
+        out[i + u] = static_cast<int32_t>(e);
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// Processes the ids at positions pos[0..m) in order; adds to counts.
+void InsertRun(const hash::Table& t, const uint32_t* w, const int64_t* bucket_of,
+               const int32_t* pos, int64_t m, int32_t* slots, bool* fresh, int64_t* counts) {
+  for (int64_t u = 0; u < m; ++u) {
+    if (u + kAhead < m) {  // the keys to scan, and the scores a hit or an eviction reads
+      const int64_t b = bucket_of[pos[u + kAhead]];
+      hash::PrefetchBucket(t.keys, b, t.bucket_size);
+      hash::PrefetchBucket(reinterpret_cast<const uint32_t*>(t.scores), b, t.bucket_size);
+    }
+    const int64_t i = pos[u];
+    bool f = false;
+    slots[i] = static_cast<int32_t>(
+        hash::FindOrInsertOne(t, bucket_of[i], w[2 * i], w[2 * i + 1], counts, &f));
+    fresh[i] = f;
+  }
+}
+
+ffi::Error HashFindOrInsertImpl(
+    ffi::ThreadPool pool, ffi::AnyBuffer keys, ffi::AnyBuffer scores, ffi::AnyBuffer cand_keys,
+    ffi::AnyBuffer cand_scores, ffi::AnyBuffer ids, ffi::AnyBuffer step,
+    ffi::Result<ffi::AnyBuffer> keys_out, ffi::Result<ffi::AnyBuffer> scores_out,
+    ffi::Result<ffi::AnyBuffer> cand_keys_out, ffi::Result<ffi::AnyBuffer> cand_scores_out,
+    ffi::Result<ffi::AnyBuffer> slots, ffi::Result<ffi::AnyBuffer> fresh,
+    ffi::Result<ffi::AnyBuffer> counts, ffi::Result<ffi::AnyBuffer> workspace,
+    int64_t bucket_size, int64_t eviction, int64_t threshold, int64_t ttl) {
+  (void)workspace;  // the CUDA kernel's scratch; one unused byte here
+  ffi::Error err = CheckHashFindOrInsert(
+      keys, scores, cand_keys, cand_scores, ids, step, *keys_out, *scores_out, *cand_keys_out,
+      *cand_scores_out, *slots, *fresh, *counts, bucket_size, eviction, threshold, ttl);
+  if (err.failure()) return err;
+  CopyIfNotAliased(keys_out->untyped_data(), keys.untyped_data(), keys.size_bytes());
+  CopyIfNotAliased(scores_out->untyped_data(), scores.untyped_data(), scores.size_bytes());
+  CopyIfNotAliased(cand_keys_out->untyped_data(), cand_keys.untyped_data(),
+                   cand_keys.size_bytes());
+  CopyIfNotAliased(cand_scores_out->untyped_data(), cand_scores.untyped_data(),
+                   cand_scores.size_bytes());
+  const int64_t n = ids.dimensions()[0];
+  const int64_t buckets = keys.dimensions()[0] / bucket_size;
+  hash::Table t{static_cast<uint32_t*>(keys_out->untyped_data()),
+                static_cast<int32_t*>(scores_out->untyped_data()),
+                static_cast<uint32_t*>(cand_keys_out->untyped_data()),
+                static_cast<int32_t*>(cand_scores_out->untyped_data()),
+                buckets,
+                bucket_size,
+                cand_keys.dimensions()[0] / buckets,
+                threshold,
+                ttl,
+                eviction,
+                *static_cast<const int32_t*>(step.untyped_data())};
+  const uint32_t* w = static_cast<const uint32_t*>(ids.untyped_data());
+  int32_t* out = static_cast<int32_t*>(slots->untyped_data());
+  bool* fr = static_cast<bool*>(fresh->untyped_data());
+  int64_t total[abi::kNumHashCounts] = {};
+
+  std::vector<int64_t> bucket_of(static_cast<size_t>(n));
+  int64_t* bo = bucket_of.data();
+  ParallelFor(pool, n, 1024, [=](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) bo[i] = hash::BucketOf(w[2 * i], w[2 * i + 1], buckets);
+  });
+  const int64_t threads = CpuPoolThreads();
+  const int64_t parts = n < kParallelIds ? 1 : (threads < buckets ? threads : buckets);
+  // Positions grouped by the part owning their bucket, in order inside each part (a stable
+  // counting sort); part p owns buckets [p * B / parts, (p + 1) * B / parts).
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  std::vector<int64_t> start(static_cast<size_t>(parts + 1), 0);
+  auto part_of = [=](int64_t b) { return b * parts / buckets; };
+  for (int64_t i = 0; i < n; ++i) ++start[part_of(bo[i]) + 1];
+  for (int64_t p = 0; p < parts; ++p) start[p + 1] += start[p];
+  {
+    std::vector<int64_t> next(start.begin(), start.end() - 1);
+    for (int64_t i = 0; i < n; ++i) pos[next[part_of(bo[i])]++] = static_cast<int32_t>(i);
+  }
+  std::vector<int64_t> part_counts(static_cast<size_t>(parts * abi::kNumHashCounts), 0);
+  struct Ctx {
+    const hash::Table* t;
+    const uint32_t* w;
+    const int64_t* bo;
+    const int32_t* pos;
+    const int64_t* start;
+    int32_t* out;
+    bool* fr;
+    int64_t* counts;
+  } ctx{&t, w, bo, pos.data(), start.data(), out, fr, part_counts.data()};
+  auto run = [](void* p, int64_t part) {
+    const Ctx* c = static_cast<const Ctx*>(p);
+    InsertRun(*c->t, c->w, c->bo, c->pos + c->start[part], c->start[part + 1] - c->start[part],
+              c->out, c->fr, c->counts + part * abi::kNumHashCounts);
+  };
+  if (parts == 1) {
+    run(&ctx, 0);
+  } else {
+    CpuPoolRun(parts, run, &ctx);
+  }
+  for (int64_t p = 0; p < parts; ++p) {
+    for (int64_t j = 0; j < abi::kNumHashCounts; ++j) {
+      total[j] += part_counts[p * abi::kNumHashCounts + j];
+    }
+  }
+  int32_t* cnt = static_cast<int32_t*>(counts->untyped_data());
+  for (int64_t j = 0; j < abi::kNumHashCounts; ++j) cnt[j] = static_cast<int32_t>(total[j]);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace embark
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkHashFindCpu, embark::HashFindImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // keys [C, 2] u32
+                                  .Arg<xla::ffi::AnyBuffer>()  // scores [C, 2] s32
+                                  .Arg<xla::ffi::AnyBuffer>()  // ids [N, 2] u32
+                                  .Arg<xla::ffi::AnyBuffer>()  // step [] s32
+                                  .Ret<xla::ffi::AnyBuffer>()  // slots [N] s32
+                                  .Attr<int64_t>("bucket_size")
+                                  .Attr<int64_t>("ttl"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkHashFindOrInsertCpu, embark::HashFindOrInsertImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // keys [C, 2] u32
+                                  .Arg<xla::ffi::AnyBuffer>()  // scores [C, 2] s32
+                                  .Arg<xla::ffi::AnyBuffer>()  // cand_keys [B * A, 2] u32
+                                  .Arg<xla::ffi::AnyBuffer>()  // cand_scores [B * A, 2] s32
+                                  .Arg<xla::ffi::AnyBuffer>()  // ids [N, 2] u32
+                                  .Arg<xla::ffi::AnyBuffer>()  // step [] s32
+                                  .Ret<xla::ffi::AnyBuffer>()  // keys (aliased)
+                                  .Ret<xla::ffi::AnyBuffer>()  // scores (aliased)
+                                  .Ret<xla::ffi::AnyBuffer>()  // cand_keys (aliased)
+                                  .Ret<xla::ffi::AnyBuffer>()  // cand_scores (aliased)
+                                  .Ret<xla::ffi::AnyBuffer>()  // slots [N] s32
+                                  .Ret<xla::ffi::AnyBuffer>()  // fresh [N] bool
+                                  .Ret<xla::ffi::AnyBuffer>()  // counts [6] s32
+                                  .Ret<xla::ffi::AnyBuffer>()  // workspace (CUDA only)
+                                  .Attr<int64_t>("bucket_size")
+                                  .Attr<int64_t>("eviction")
+                                  .Attr<int64_t>("threshold")
+                                  .Attr<int64_t>("ttl"));

@@ -1,0 +1,330 @@
+// The hash table of a dynamic embedding table (docs/design.md §11): its layout, the rules of
+// find and find_or_insert for one id, and the operand contract of the two FFI targets. The
+// CPU (cpu/hash_table.cc) and CUDA (cuda/hash_table.cu) handlers both run the functions
+// below, so both backends apply the same rules by construction; the jnp reference
+// (embark_jax/ops/hash_reference.py) and the Python model (tests/hash_table_model.py) are
+// written from the same description and checked against the kernels bit for bit.
+//
+// Layout (one shard): B buckets of S slots, capacity C = B * S; slot e = b * S + j is row e
+// of the table's values and optimizer slots.
+//   keys        [C, 2] uint32  the id of each slot as (lo, hi) words; (~0, ~0) = empty
+//   scores      [C, 2] int32   (last step the id was seen, times seen), int32 saturating
+//   cand_keys   [B * A, 2] uint32  admission candidates: A per bucket, ids not admitted yet
+//   cand_scores [B * A, 2] int32   (last step seen, times seen) of each candidate
+// An entry is live when its key is not empty and, with a ttl > 0, step - last <= ttl.
+//
+// find_or_insert processes the ids in order, as if one at a time (the kernels parallelise
+// over buckets, which never interact, so the result is the sequential one):
+//   1. padding (~0, ~0): slot -1, nothing counted.
+//   2. a live entry of the bucket holds the id: FOUND, its score becomes (step, times + 1).
+//   3. admission (threshold T > 1): the id's live candidate entry counts the sighting (or the
+//      id takes the first free candidate slot, else replaces the candidate seen longest ago,
+//      ties: the fewest sightings, then the lowest position). Fewer than T sightings:
+//      REFUSED, slot -1.
+//   4. insert into the first free slot (empty or expired; EXPIRED if expired), else, unless
+//      the policy is NONE, replace the entry with the lowest score among those not seen in
+//      this step (LRU: last step; LFU: times seen, then last step; then the lowest position):
+//      EVICTED. Nothing to take: DROPPED, slot -1 (the candidate keeps its count). Inserted:
+//      INSERTED, score (step, sightings), the candidate slot is emptied, `fresh` is set.
+// Entries seen in the current step are never evicted, so every slot returned during a step
+// keeps its id until the step ends. Nothing ever empties a slot of the main table, so the
+// occupied slots of a bucket are a prefix: a scan may stop at the first empty slot.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "embark_abi.h"
+#include "embark_check.h"
+#include "embark_ffi.h"
+
+namespace embark {
+namespace hash {
+
+constexpr uint32_t kEmptyWord = 0xffffffffu;
+constexpr int32_t kMaxCount = 0x7fffffff;
+
+// The table as the per-id functions see it (device or host pointers alike).
+struct Table {
+  uint32_t* keys;
+  int32_t* scores;
+  uint32_t* cand_keys;
+  int32_t* cand_scores;
+  int64_t num_buckets, bucket_size, candidates;  // B, S, A
+  int64_t threshold, ttl;                        // T >= 1; ttl 0 = entries never expire
+  int64_t eviction;                              // abi::Eviction
+  int32_t step;
+};
+
+EMBARK_HOST_DEVICE inline bool IsEmpty(uint32_t lo, uint32_t hi) {
+  return lo == kEmptyWord && hi == kEmptyWord;
+}
+
+EMBARK_HOST_DEVICE inline int64_t BucketOf(uint32_t lo, uint32_t hi, int64_t num_buckets) {
+  uint32_t h0, h1;
+  abi::HashKey(lo, hi, &h0, &h1);
+  return static_cast<int64_t>(h0 % static_cast<uint32_t>(num_buckets));
+}
+
+// Not expired (for a non-empty entry last seen at `last`).
+EMBARK_HOST_DEVICE inline bool Unexpired(int32_t last, int32_t step, int64_t ttl) {
+  return ttl <= 0 || static_cast<int64_t>(step) - static_cast<int64_t>(last) <= ttl;
+}
+
+// The slot of (lo, hi)'s live entry in bucket b, or -1. Stops at the first empty slot (the
+// occupied slots are a prefix). Padding finds nothing.
+EMBARK_HOST_DEVICE inline int64_t FindInBucket(const uint32_t* keys, const int32_t* scores,
+                                               int64_t b, int64_t bucket_size, uint32_t lo,
+                                               uint32_t hi, int32_t step, int64_t ttl) {
+  if (IsEmpty(lo, hi)) return -1;
+  const int64_t base = b * bucket_size;
+  for (int64_t j = 0; j < bucket_size; ++j) {
+    const uint32_t klo = keys[2 * (base + j)], khi = keys[2 * (base + j) + 1];
+    if (klo == lo && khi == hi) {
+      if (Unexpired(scores[2 * (base + j)], step, ttl)) return base + j;
+    } else if (IsEmpty(klo, khi)) {
+      return -1;
+    }
+  }
+  return -1;
+}
+
+EMBARK_HOST_DEVICE inline int32_t SatInc(int32_t x) { return x < kMaxCount ? x + 1 : x; }
+
+// Counts the sighting of (lo, hi) among bucket b's admission candidates; returns the slot of
+// its candidate entry (now holding the count) and the count.
+EMBARK_HOST_DEVICE inline int64_t CountCandidate(const Table& t, int64_t b, uint32_t lo,
+                                                 uint32_t hi, int32_t* count) {
+  const int64_t base = b * t.candidates;
+  int64_t free_slot = -1, victim = -1;
+  for (int64_t j = 0; j < t.candidates; ++j) {
+    const int64_t e = base + j;
+    const uint32_t klo = t.cand_keys[2 * e], khi = t.cand_keys[2 * e + 1];
+    const int32_t last = t.cand_scores[2 * e], seen = t.cand_scores[2 * e + 1];
+    const bool live = !IsEmpty(klo, khi) && Unexpired(last, t.step, t.ttl);
+    if (live && klo == lo && khi == hi) {
+      *count = SatInc(seen);
+      t.cand_scores[2 * e] = t.step;
+      t.cand_scores[2 * e + 1] = *count;
+      return e;
+    }
+    if (!live) {
+      if (free_slot < 0) free_slot = e;
+    } else if (victim < 0 || last < t.cand_scores[2 * victim] ||
+               (last == t.cand_scores[2 * victim] && seen < t.cand_scores[2 * victim + 1])) {
+      victim = e;
+    }
+  }
+  const int64_t e = free_slot >= 0 ? free_slot : victim;
+  t.cand_keys[2 * e] = lo;
+  t.cand_keys[2 * e + 1] = hi;
+  t.cand_scores[2 * e] = t.step;
+  t.cand_scores[2 * e + 1] = 1;
+  *count = 1;
+  return e;
+}
+
+// Whether entry (last_a, seen_a) should be evicted before (last_b, seen_b) under `eviction`
+// (strictly lower score; equal scores keep the lower position).
+EMBARK_HOST_DEVICE inline bool EvictsBefore(int64_t eviction, int32_t last_a, int32_t seen_a,
+                                            int32_t last_b, int32_t seen_b) {
+  if (eviction == static_cast<int64_t>(abi::Eviction::LFU) && seen_a != seen_b) {
+    return seen_a < seen_b;
+  }
+  return last_a < last_b;
+}
+
+// find_or_insert of one id (lo, hi) of bucket b: returns its slot or -1, adds to counts
+// (abi::HashCount order) and sets *fresh when it inserted. Reads the keys up to the id or the
+// first empty slot, and the scores only where needed: the id's own, the expired ones' (with a
+// ttl), and every entry's when a full bucket must choose a victim.
+EMBARK_HOST_DEVICE inline int64_t FindOrInsertOne(const Table& t, int64_t b, uint32_t lo,
+                                                  uint32_t hi, int64_t* counts, bool* fresh) {
+  *fresh = false;
+  if (IsEmpty(lo, hi)) return -1;
+  uint32_t* const keys = t.keys;
+  int32_t* const scores = t.scores;
+  const int64_t size = t.bucket_size, ttl = t.ttl, eviction = t.eviction;
+  const int32_t step = t.step;
+  const int64_t base = b * size;
+  int64_t end = size;  // the occupied slots are [0, end): a prefix
+  for (int64_t j = 0; j < size; ++j) {
+    const int64_t e = base + j;
+    const uint32_t klo = keys[2 * e], khi = keys[2 * e + 1];
+    if (klo == lo && khi == hi) {
+      if (Unexpired(scores[2 * e], step, ttl)) {
+        scores[2 * e] = step;
+        scores[2 * e + 1] = SatInc(scores[2 * e + 1]);
+        counts[static_cast<int64_t>(abi::HashCount::FOUND)] += 1;
+        return e;
+      }
+    } else if (IsEmpty(klo, khi)) {
+      end = j;
+      break;
+    }
+  }
+  int32_t seen = 1;
+  int64_t cand = -1;
+  if (t.threshold > 1) {
+    cand = CountCandidate(t, b, lo, hi, &seen);
+    if (seen < t.threshold) {
+      counts[static_cast<int64_t>(abi::HashCount::REFUSED)] += 1;
+      return -1;
+    }
+  }
+  // The first free slot: an expired entry, else the first empty slot.
+  int64_t e = -1;
+  if (ttl > 0) {
+    for (int64_t j = 0; j < end; ++j) {
+      if (!Unexpired(scores[2 * (base + j)], step, ttl)) {
+        e = base + j;
+        counts[static_cast<int64_t>(abi::HashCount::EXPIRED)] += 1;
+        break;
+      }
+    }
+  }
+  if (e < 0 && end < size) e = base + end;
+  if (e < 0 && eviction != static_cast<int64_t>(abi::Eviction::NONE)) {
+    // A full bucket of live entries: the lowest score among those not seen in this step.
+    int32_t v_last = 0, v_seen = 0;
+    for (int64_t j = 0; j < size; ++j) {
+      const int32_t last = scores[2 * (base + j)], s = scores[2 * (base + j) + 1];
+      if (last < step && (e < 0 || EvictsBefore(eviction, last, s, v_last, v_seen))) {
+        e = base + j;
+        v_last = last;
+        v_seen = s;
+      }
+    }
+    if (e >= 0) counts[static_cast<int64_t>(abi::HashCount::EVICTED)] += 1;
+  }
+  if (e < 0) {
+    counts[static_cast<int64_t>(abi::HashCount::DROPPED)] += 1;
+    return -1;
+  }
+  keys[2 * e] = lo;
+  keys[2 * e + 1] = hi;
+  scores[2 * e] = step;
+  scores[2 * e + 1] = seen;
+  if (cand >= 0) {
+    t.cand_keys[2 * cand] = kEmptyWord;
+    t.cand_keys[2 * cand + 1] = kEmptyWord;
+    t.cand_scores[2 * cand] = 0;
+    t.cand_scores[2 * cand + 1] = 0;
+  }
+  counts[static_cast<int64_t>(abi::HashCount::INSERTED)] += 1;
+  *fresh = true;
+  return e;
+}
+
+// The cache lines of bucket b's keys (at most 8), for a probe to come.
+inline void PrefetchBucket(const uint32_t* keys, int64_t b, int64_t bucket_size) {
+  const char* p = reinterpret_cast<const char*>(keys + 2 * b * bucket_size);
+  const int64_t bytes = 8 * bucket_size;
+  for (int64_t off = 0; off < bytes && off < 512; off += 64) __builtin_prefetch(p + off, 0, 1);
+}
+
+}  // namespace hash
+
+// --- Operand contracts (CPU and CUDA handlers) ---------------------------------------------
+
+// The table operands shared by both targets: keys [C, 2] uint32, scores [C, 2] int32, ids
+// [N, 2] uint32, step [] int32, slots [N] int32; bucket_size divides C; ttl >= 0.
+inline void CheckHashTableOperands(Check& c, const ffi::AnyBuffer& keys,
+                                   const ffi::AnyBuffer& scores, const ffi::AnyBuffer& ids,
+                                   const ffi::AnyBuffer& step, const ffi::AnyBuffer& slots) {
+  c.Rank("keys", keys, 2, "[C, 2]")
+      .Dim("keys", keys, 1, 2, "the (lo, hi) words of each id")
+      .Type("keys", keys.element_type(), ffi::DataType::U32)
+      .SameShape("scores", scores, keys, "one (last step, times seen) per slot")
+      .Type("scores", scores.element_type(), ffi::DataType::S32)
+      .Rank("ids", ids, 2, "[N, 2]")
+      .Dim("ids", ids, 1, 2, "the (lo, hi) words of each id")
+      .Type("ids", ids.element_type(), ffi::DataType::U32)
+      .Count("step", step, 1, "a scalar")
+      .Type("step", step.element_type(), ffi::DataType::S32);
+  if (c.failed()) return;
+  c.Count("slots", slots, ids.dimensions()[0], "[N], one per id")
+      .Type("slots", slots.element_type(), ffi::DataType::S32);
+}
+
+inline ffi::Error CheckHashAttrs(const char* kernel, const ffi::AnyBuffer& keys,
+                                 int64_t bucket_size, int64_t ttl) {
+  const int64_t cap = keys.dimensions()[0];
+  if (bucket_size < 1 || cap % bucket_size != 0 || cap == 0) {
+    return InvalidArgument(std::string(kernel) + ": attribute bucket_size must be >= 1 and " +
+                           "divide the capacity " + std::to_string(cap) + " (> 0), got " +
+                           std::to_string(bucket_size));
+  }
+  if (cap > 0x7fffffffLL) {
+    return InvalidArgument(std::string(kernel) + ": keys must have < 2^31 slots (int32 slots), "
+                           "got " + std::to_string(cap));
+  }
+  if (ttl < 0) {
+    return InvalidArgument(std::string(kernel) + ": attribute ttl must be >= 0 (0: none), got " +
+                           std::to_string(ttl));
+  }
+  return ffi::Error::Success();
+}
+
+// embark_hash_find: the table operands.
+inline ffi::Error CheckHashFind(const ffi::AnyBuffer& keys, const ffi::AnyBuffer& scores,
+                                const ffi::AnyBuffer& ids, const ffi::AnyBuffer& step,
+                                const ffi::AnyBuffer& slots, int64_t bucket_size, int64_t ttl) {
+  Check c("hash_find");
+  CheckHashTableOperands(c, keys, scores, ids, step, slots);
+  if (c.failed()) return c.error();
+  return CheckHashAttrs("hash_find", keys, bucket_size, ttl);
+}
+
+// embark_hash_find_or_insert: the table operands; cand_keys [B * A, 2] uint32 and cand_scores
+// of its shape int32 (A >= 1 candidates per bucket when threshold > 1); the four state
+// outputs of their inputs' shapes (aliased); fresh [N] bool; counts [kNumHashCounts] int32.
+inline ffi::Error CheckHashFindOrInsert(
+    const ffi::AnyBuffer& keys, const ffi::AnyBuffer& scores, const ffi::AnyBuffer& cand_keys,
+    const ffi::AnyBuffer& cand_scores, const ffi::AnyBuffer& ids, const ffi::AnyBuffer& step,
+    const ffi::AnyBuffer& keys_out, const ffi::AnyBuffer& scores_out,
+    const ffi::AnyBuffer& cand_keys_out, const ffi::AnyBuffer& cand_scores_out,
+    const ffi::AnyBuffer& slots, const ffi::AnyBuffer& fresh, const ffi::AnyBuffer& counts,
+    int64_t bucket_size, int64_t eviction, int64_t threshold, int64_t ttl) {
+  const char* k = "hash_find_or_insert";
+  Check c(k);
+  CheckHashTableOperands(c, keys, scores, ids, step, slots);
+  c.Rank("cand_keys", cand_keys, 2, "[B * A, 2]")
+      .Dim("cand_keys", cand_keys, 1, 2, "the (lo, hi) words of each candidate")
+      .Type("cand_keys", cand_keys.element_type(), ffi::DataType::U32)
+      .SameShape("cand_scores", cand_scores, cand_keys, "one score per candidate")
+      .Type("cand_scores", cand_scores.element_type(), ffi::DataType::S32)
+      .SameShape("keys output", keys_out, keys, "the keys': updated in place")
+      .Type("keys output", keys_out.element_type(), ffi::DataType::U32)
+      .SameShape("scores output", scores_out, scores, "the scores': updated in place")
+      .Type("scores output", scores_out.element_type(), ffi::DataType::S32)
+      .SameShape("cand_keys output", cand_keys_out, cand_keys, "cand_keys': updated in place")
+      .Type("cand_keys output", cand_keys_out.element_type(), ffi::DataType::U32)
+      .SameShape("cand_scores output", cand_scores_out, cand_scores,
+                 "cand_scores': updated in place")
+      .Type("cand_scores output", cand_scores_out.element_type(), ffi::DataType::S32)
+      .Type("fresh", fresh.element_type(), ffi::DataType::PRED)
+      .Type("counts", counts.element_type(), ffi::DataType::S32)
+      .Count("counts", counts, abi::kNumHashCounts, "one per ABI hash count")
+      .Attr("eviction", eviction, abi::kEvictionNames, abi::kNumEvictions);
+  if (c.failed()) return c.error();
+  c.Count("fresh", fresh, ids.dimensions()[0], "[N], one per id");
+  if (c.failed()) return c.error();
+  ffi::Error err = CheckHashAttrs(k, keys, bucket_size, ttl);
+  if (err.failure()) return err;
+  const int64_t buckets = keys.dimensions()[0] / bucket_size;
+  const int64_t cands = cand_keys.dimensions()[0];
+  if (threshold < 1) {
+    return InvalidArgument(std::string(k) + ": attribute threshold must be >= 1, got " +
+                           std::to_string(threshold));
+  }
+  if (cands % buckets != 0 || (threshold > 1 && cands == 0)) {
+    return InvalidArgument(std::string(k) + ": cand_keys must have a multiple of the " +
+                           std::to_string(buckets) + " buckets as rows" +
+                           (threshold > 1 ? " (at least one per bucket: threshold > 1)" : "") +
+                           ", got " + std::to_string(cands));
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace embark
