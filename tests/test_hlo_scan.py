@@ -1,5 +1,5 @@
-"""experiments/hlo_scan.py: which instructions of a compiled HLO module produce a whole
-table or slot (the step check's and the loop benchmark's copy detector)."""
+"""embark_jax.sharding.hlo_scan: which instructions of a compiled HLO module read or write a
+whole table or slot (the step check's and the loop benchmark's copy detector)."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import pytest
 
 from embark_jax import ops
 from embark_jax.ops import optimizers as O
-from experiments import hlo_scan
+from embark_jax.sharding import hlo_scan
 
 pytestmark = pytest.mark.smoke
 
@@ -43,16 +43,18 @@ ENTRY %main (p0: f32[1,6,4], p1: s32[3]) -> (f32[1,6,4], f32[6,4]) {
 def test_scan_lists_whole_buffer_ops_outside_fusion_bodies():
     found = hlo_scan.scan(TEXT, {"tables/g": ("float32", (1, 6, 4))})
     by_name = {f["name"]: f for f in found}
-    # the fusion (its root a copy), the lookup's [6, 4] result and the final copy; not the
-    # parameters, bitcasts, the in-place update, get-tuple-element, tuple, a scalar reduce,
-    # other shapes, nor anything inside the fusion body or the reducer region
-    assert set(by_name) == {"bitcast_copy_fusion", "look", "copy.9"}
+    # the fusion (its root a copy), the final copy, and what reads the whole table: the
+    # scalar reduce and the add of another shape; not the parameters, bitcasts, the row
+    # kernels (the update, the lookup), get-tuple-element, tuple, nor anything inside the
+    # fusion body or the reducer region
+    assert set(by_name) == {"bitcast_copy_fusion", "copy.9", "r", "other"}
     assert by_name["bitcast_copy_fusion"]["root"] == "copy"
     assert by_name["bitcast_copy_fusion"]["copy"] and by_name["copy.9"]["copy"]
-    assert not by_name["look"]["copy"] and by_name["look"]["opcode"] == "custom-call"
-    assert by_name["copy.9"]["buffers"] == ["tables/g"]
+    assert by_name["r"]["reads"] and by_name["other"]["reads"] and not by_name["r"]["copy"]
+    assert not by_name["copy.9"]["reads"]
+    assert by_name["copy.9"]["buffers"] == ["tables/g"] == by_name["r"]["buffers"]
     s = hlo_scan.summary(found, limit=1)
-    assert s["count"] == 3 and s["copies"] == 2 and s["copied_buffers"] == ["tables/g"]
+    assert s["count"] == 4 and s["copies"] == 2 and s["copied_buffers"] == ["tables/g"]
     assert len(s["ops"]) == 1
     # dtype matters: the same shape in another type is not the table
     assert hlo_scan.scan(TEXT, {"x": ("bfloat16", (6, 4))}) == []

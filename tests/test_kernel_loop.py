@@ -14,7 +14,7 @@ from jax.profiler import ProfileData
 
 from embark_jax import ops
 from embark_jax.ops import optimizers as O
-from experiments import hlo_scan
+from embark_jax.sharding import hlo_scan
 from experiments.kernels import loop, report
 from experiments.kernels import loop_cases as LC
 from experiments.kernels import points as P

@@ -90,7 +90,7 @@ class SparseFeatures:
             out_ids[name], out_len[name], out_w_name = _finish(name, packed, lengths, w, config)
             if out_w_name is not None:
                 out_w[name] = out_w_name
-        return cls(ids=out_ids, lengths=out_len, weights=out_w)
+        return _checked(cls(ids=out_ids, lengths=out_len, weights=out_w), config)
 
     @classmethod
     def from_lengths(
@@ -159,7 +159,7 @@ class SparseFeatures:
             out_ids[name], out_len[name], out_dw = _finish(name, dense, lens, dw, config)
             if out_dw is not None:
                 out_w[name] = out_dw
-        return cls(ids=out_ids, lengths=out_len, weights=out_w)
+        return _checked(cls(ids=out_ids, lengths=out_len, weights=out_w), config)
 
     @classmethod
     def from_ragged(
@@ -270,7 +270,10 @@ class SparseFeatures:
     def validate(self, config: EmbeddingConfig) -> None:
         """Re-runs the host-side checks against `config` (e.g. for a hand-built batch): the
         ids as in `from_dense`, and every feature's lengths present, a 1-D integer array of
-        one entry per sample, equal to the number of valid ids of that sample."""
+        one entry per sample, equal to the number of valid ids of that sample. A batch a
+        constructor built and checked against this same `config` is not checked twice."""
+        if getattr(self, "_checked_config", None) is config:
+            return
         ids = {n: np.asarray(v) for n, v in self.ids.items()}
         rebuilt = SparseFeatures.from_dense(
             ids, {n: np.asarray(w) for n, w in self.weights.items()}, config=config
@@ -285,6 +288,14 @@ jax.tree_util.register_dataclass(
 
 
 # --- host-side validation helpers ----------------------------------------------------------
+
+
+def _checked(batch: SparseFeatures, config: EmbeddingConfig | None) -> SparseFeatures:
+    """`batch`, marked as checked against `config` by its constructor (`validate` then
+    skips it). A pytree rebuilt from it (any transformation) carries no mark."""
+    if config is not None:
+        object.__setattr__(batch, "_checked_config", config)
+    return batch
 
 
 def _check_names(ids: Mapping, weights: Mapping, config: EmbeddingConfig | None) -> None:

@@ -69,7 +69,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from experiments import hlo_scan
+from embark_jax.sharding import hlo_scan
 from experiments.kernels import loop_cases as LC
 from experiments.kernels import points as P
 from experiments.kernels import report

@@ -8,8 +8,8 @@ touches outside the in-place update.
 The model is `python -m embark_jax train`'s (its defaults: DLRM-DCNv2-mini, the mini dense
 net, the sparse optimizer and learning rates, the planner's plan for these devices at this
 batch), built through `embark_jax.training.state.create` and jitted by
-`compile_train_step(setup, donate=True)`: the in-place step a non-transactional
-`StepRunner` runs, without its host checks, so the timer covers the device step only.
+`compile_train_step(setup, donate=True)`: the in-place step `StepRunner` runs, without its
+metrics and host checks, so the timer covers the device step only.
 
 What it measures, in order (the JSON is rewritten after each phase, so a run stopped by a
 time limit keeps the phases it finished):
@@ -20,10 +20,9 @@ time limit keeps the phases it finished):
 2. compile: lowering and compile seconds; `memory_analysis()` of the compiled step
    (arguments + outputs - aliased + temporaries = its peak estimate per device); the
    optimized HLO scanned for every op that produces a whole table or slot other than
-   parameters, bitcasts and the in-place update kernels (`experiments/hlo_scan.py`).
+   parameters, bitcasts and the row kernels (`embark_jax.sharding.hlo_scan`).
 3. step: the first step (after compile: autotuning, first-touch allocations), then
-   `steps` steps, each timed to the moment the step's `finite` flag (which reads every
-   updated buffer) is ready, on batches generated and placed on the devices beforehand.
+   `steps` steps, each timed until the new state (committed in place) is ready, on batches generated and placed on the devices beforehand.
    samples/s = batch / median step time.
 4. memory: the devices' `memory_stats()` (peak bytes in use; None on CPU) against the
    planner's predicted per-device memory.
@@ -47,6 +46,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+
+import jax
 import json
 import os
 import statistics
@@ -96,21 +97,6 @@ def model_spec(args, optimizer):
         for t in spec.tables
     )
     return dataclasses.replace(spec, tables=tables, slot_footprint=optimizer.slot_footprint)
-
-
-def buffers_of(state) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """`{"tables/G" | "slots/G/i": (dtype, per-device shape)}` of the state's embedding
-    buffers and optimizer slots (the shapes the compiled step sees on one device)."""
-    import jax
-
-    out = {}
-    for name, buf in state.tables.items():
-        out[f"tables/{name}"] = (str(buf.dtype), tuple(buf.sharding.shard_shape(buf.shape)))
-    for name, slots in state.slots.items():
-        for i, s in enumerate(jax.tree.leaves(slots)):
-            if s.ndim:
-                out[f"slots/{name}/{i}"] = (str(s.dtype), tuple(s.sharding.shard_shape(s.shape)))
-    return out
 
 
 def memory_analysis(compiled) -> dict | None:
@@ -173,7 +159,7 @@ class Job:
     def run(self, i: int) -> float:
         t0 = time.perf_counter()
         self.state, out = self.compiled(self.state, self.batches[i % len(self.batches)])
-        out["finite"].block_until_ready()  # computed from every updated buffer
+        jax.block_until_ready((self.state, out))  # the committed tables: the whole step
         return time.perf_counter() - t0
 
     def timed(self, steps: int, warmup: int) -> list[float]:
@@ -279,12 +265,13 @@ def measure(
     done("plan")
 
     # 2. compile, memory analysis, whole-buffer ops
-    from experiments import hlo_scan
+    from embark_jax.sharding import hlo_scan
+    from embark_jax.training.step_cost import state_buffers
 
     lower_s, compile_s = job.compile()
     result["compile"] = {"lower_s": lower_s, "compile_s": compile_s}
     result["memory_analysis"] = memory_analysis(job.compiled)
-    bufs = buffers_of(job.state)
+    bufs = state_buffers(job.state, len(job.setup.mesh.devices.flat))
     found = hlo_scan.scan(job.compiled.as_text(), bufs)
     result["hlo"] = {"buffers": len(bufs), **hlo_scan.summary(found)}
     say(

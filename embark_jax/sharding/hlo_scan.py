@@ -1,11 +1,13 @@
-"""Which instructions of an optimized HLO module produce a whole buffer: a value of the
-per-device shape and dtype of a table, an optimizer slot or another large array we name.
+"""Which instructions of an optimized HLO module read or write a whole buffer: a value of
+the per-device shape and dtype of a table, an optimizer slot or another large array we name.
 
 A compiled train step that updates its tables in place touches each table only through the
-in-place custom call (`output_to_operand_aliasing`) and ops that move no bytes (parameters,
-bitcasts, tuples); anything else of a table's shape (a `copy`, a fusion whose root is a copy,
-an elementwise pass, a scatter) reads or writes the whole table once per step. `scan` lists
-those instructions from `compiled.as_text()`; it reads text only (no JAX).
+kernels that read or write just the rows their ids name (`ROW_KERNELS`: the lookup, the
+staged update, the in-place commit) and ops that move no bytes (parameters, bitcasts,
+tuples); anything else that produces a value of a table's shape (a `copy`, a fusion whose
+root is a copy, an elementwise pass, a scatter) or takes one as an operand (a reduction over
+the table, e.g. a finiteness check) costs a pass over the whole table per step. `scan`
+lists those instructions from `compiled.as_text()`; it reads text only (no JAX).
 
 Shapes are compared with their size-1 dimensions dropped, since a `[1, rows, width]` shard
 is bitcast to `[rows, width]` inside `shard_map`. Fusion bodies and reducer regions are not
@@ -32,8 +34,19 @@ PASS_THROUGH = frozenset(
         "copy-done",  # its copy-start is listed
     }
 )
-# Our update kernels: their table and slot results alias their operands (in place).
-IN_PLACE_TARGETS = frozenset({"embark_sparse_grad_update", "embark_sparse_update"})
+# Our kernels that take a whole table but read or write only the rows their ids name (the
+# update kernels' table and slot results alias their operands: in place).
+ROW_KERNELS = frozenset(
+    {
+        "embark_lookup_pool",
+        "embark_sparse_grad_stage",
+        "embark_commit_rows",
+        "embark_sparse_grad_update",
+        "embark_sparse_update",
+        "embark_hash_find",
+        "embark_hash_find_or_insert",
+    }
+)
 COPY_OPS = frozenset({"copy", "copy-start"})
 
 # numpy / JAX dtype names -> HLO element types
@@ -56,6 +69,7 @@ _OPCODE = re.compile(r"\s*(?P<op>[\w\-]+)\(")
 _ARRAY = re.compile(r"\b(?P<dtype>pred|[subf]\d+|bf16|f8\w*|c64|c128)\[(?P<dims>[\d,]*)\]")
 _CALLS = re.compile(r"\b(?:calls|to_apply)=%?(?P<name>[\w.\-]+)")
 _TARGET = re.compile(r'custom_call_target="(?P<target>[^"]+)"')
+_OPERAND = re.compile(r"%(?P<name>[\w.\-]+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,31 +147,53 @@ def buffer_keys(buffers: dict[str, tuple[str, tuple[int, ...]]]) -> dict[tuple, 
     return keys
 
 
+def _operands(ins: Instr) -> list[str]:
+    """Names of the instruction's operands (inside the opcode's parentheses)."""
+    start = ins.line.find(f"{ins.opcode}(")
+    if start < 0:
+        return []
+    depth, end = 0, len(ins.line)
+    for i in range(start + len(ins.opcode), len(ins.line)):
+        depth += ins.line[i] == "("
+        depth -= ins.line[i] == ")"
+        if depth == 0:
+            end = i
+            break
+    return [m["name"] for m in _OPERAND.finditer(ins.line[start:end])]
+
+
 def scan(hlo_text: str, buffers: dict[str, tuple[str, tuple[int, ...]]]) -> list[dict]:
     """Instructions outside fusion bodies whose result (or a tuple element of it) has the
-    dtype and shape of one of `buffers` (`{name: (dtype, per-device shape)}`), other than
-    pass-through ops and our in-place custom calls. Each entry: `computation`, `name`,
-    `opcode`, `root` (a fusion's root opcode, else None), `shape`, `buffers` (the names it
-    matches) and `copy` (a copy, a copy-start, or a fusion whose root is a copy)."""
+    dtype and shape of one of `buffers` (`{name: (dtype, per-device shape)}`), or which take
+    such a value as an operand, other than pass-through ops and `ROW_KERNELS`. Each entry:
+    `computation`, `name`, `opcode`, `root` (a fusion's root opcode, else None), `shape`,
+    `buffers` (the names it matches), `reads` (only an operand matches) and `copy` (a copy,
+    a copy-start, or a fusion whose root is a copy)."""
     keys = buffer_keys(buffers)
     comps = parse(hlo_text)
     called = {
         m["name"] for instrs in comps.values() for i in instrs for m in _CALLS.finditer(i.line)
     }
     roots = {c: next((i.opcode for i in instrs if i.is_root), None) for c, instrs in comps.items()}
+
+    def matches(ins: Instr) -> list[str]:
+        return sorted({n for a in ins.arrays for n in keys.get((a[0], squeeze(a[1])), [])})
+
     found = []
     for comp, instrs in comps.items():
         if comp in called:  # a fusion body or a reducer: its fusion instruction is scanned
             continue
+        by_name = {i.name: i for i in instrs}
         for ins in instrs:
             if ins.opcode in PASS_THROUGH:
                 continue
             if ins.opcode == "custom-call":
                 t = _TARGET.search(ins.line)
-                if t and t["target"] in IN_PLACE_TARGETS:
+                if t and t["target"] in ROW_KERNELS:
                     continue
-            names = sorted({n for a in ins.arrays for n in keys.get((a[0], squeeze(a[1])), [])})
-            if not names:
+            names = matches(ins)
+            read = sorted({n for o in _operands(ins) if o in by_name for n in matches(by_name[o])})
+            if not names and not read:
                 continue
             root = None
             if ins.opcode == "fusion":
@@ -170,7 +206,8 @@ def scan(hlo_text: str, buffers: dict[str, tuple[str, tuple[int, ...]]]) -> list
                     "opcode": ins.opcode,
                     "root": root,
                     "shape": ins.shape,
-                    "buffers": names,
+                    "buffers": names or read,
+                    "reads": not names,
                     "copy": ins.opcode in COPY_OPS or root in COPY_OPS,
                 }
             )
