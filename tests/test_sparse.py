@@ -110,6 +110,18 @@ def test_is_a_pytree_and_jit_consumes_it():
             None,
             r"feature 'a': dense ids must be \[B, H\], got shape \(2,\)",
         ),
+        (
+            {"a": [[1, 2], [3]], "b": [[1], [2]]},
+            None,
+            r"^feature 'a': ids are not a rectangular \[B, H\] array \(sample 1 has 1 ids, "
+            r"sample 0 2 ids\); SparseFeatures.from_ragged takes rows of different lengths$",
+        ),
+        (
+            {"a": [[1], [2]], "b": [[1], [2]]},
+            {"b": [[1.0], [1.0, 2.0]]},
+            r"^feature 'b': weights are not a rectangular \[B, H\] array \(sample 1 has 2 "
+            r"weights, sample 0 1 weights\)",
+        ),
     ],
 )
 def test_from_dense_errors(ids, weights, message):
@@ -258,3 +270,38 @@ def test_mean_bag_with_a_non_positive_weight_sum_is_refused():
         SparseFeatures.from_dense(
             {"f": ids}, {"f": np.array([[1.0, 1.0], [-0.5, 9.0]])}, config=config
         )
+
+
+@pytest.mark.parametrize(
+    ("combiner", "weights", "message"),
+    [
+        ("mean", [[1e-45, 0.0]], r"sample 0's weights sum to 1\.401298e-45; a mean combiner"),
+        ("mean", [[2.0, 2.0], [1e-30, 0.0]], r"sample 1's weights sum to 1e-30"),
+        ("sqrtn", [[1e-19, 0.0]], r"sample 0's weights' root sum of squares is 1e-19; a sqrtn"),
+    ],
+)
+def test_a_bag_float32_would_pool_to_zeros_is_refused(combiner, weights, message):
+    config = EmbeddingConfig.create(
+        [TableConfig(name="t", vocab_size=10, dim=4)],
+        [FeatureConfig(name="f", table="t", max_hotness=2, combiner=combiner, weighted=True)],
+    )
+    ids = np.array([[1, 2]] * len(weights))
+    with pytest.raises(ValueError, match=r"^feature 'f': " + message):
+        SparseFeatures.from_dense({"f": ids}, {"f": np.array(weights, np.float32)}, config=config)
+
+
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
+def test_the_smallest_bag_weights_accepted_pool_to_the_row(combiner):
+    from embark_jax import ops
+    from embark_jax.data.sparse import MIN_POOL_DENOMINATOR
+
+    config = EmbeddingConfig.create(
+        [TableConfig(name="t", vocab_size=10, dim=4)],
+        [FeatureConfig(name="f", table="t", max_hotness=2, combiner=combiner, weighted=True)],
+    )
+    w = np.array([[MIN_POOL_DENOMINATOR, 0.0]], np.float32)
+    sf = SparseFeatures.from_dense({"f": np.array([[3, 4]])}, {"f": w}, config=config)
+    table = jnp.asarray(np.full((10, 4), 0.01, np.float32))
+    ids, seg, weights = sf.flat("f")
+    out = ops.lookup_pool(table, ids, seg, 1, weights=weights, combiner=combiner)
+    np.testing.assert_allclose(np.asarray(out), np.full((1, 4), 0.01), rtol=1e-6)

@@ -9,8 +9,9 @@ Per feature:
 
 All constructors validate on the host, before anything reaches a device: non-integer ids,
 negative ids, ids >= vocab_size, bags longer than `max_hotness`, lengths that disagree with
-the ids, and NaN/inf weights each raise a `ValueError` naming the feature and the offending
-value and position.
+the ids, NaN/inf weights, a ragged nested list, and a weighted `mean` / `sqrtn` bag whose
+denominator is below `MIN_POOL_DENOMINATOR` (float32 would pool it to zeros) each raise a
+`ValueError` naming the feature and the offending value and position.
 
 Ids of 2**31 and above cannot be held by int32: without `jax_enable_x64` they raise a
 `ValueError` (never a silent wrap); with it, int64 ids stay int64.
@@ -334,8 +335,31 @@ def _check_batch(name: str, b: int, batch: int | None) -> int:
     return b
 
 
+def _rectangular(name: str, what: str, raw) -> np.ndarray:
+    """`raw` as a numpy array; a ragged nested list is a one-line `ValueError` naming the
+    feature and the first row whose length differs from the first row's."""
+    try:
+        return np.asarray(raw)
+    except ValueError:  # numpy: "setting an array element with a sequence"
+        rows = list(raw) if isinstance(raw, (list, tuple)) else []
+        sizes = [len(r) if hasattr(r, "__len__") else None for r in rows]
+        bad = next((i for i, n in enumerate(sizes) if n != sizes[0]), None)
+
+        def count(i: int) -> str:
+            return "a single value" if sizes[i] is None else f"{sizes[i]} {what}"
+
+        if bad is None:
+            detail = "its rows are not all of one shape"
+        else:
+            detail = f"sample {bad} has {count(bad)}, sample 0 {count(0)}"
+        raise ValueError(
+            f"feature {name!r}: {what} are not a rectangular [B, H] array ({detail}); "
+            "SparseFeatures.from_ragged takes rows of different lengths"
+        ) from None
+
+
 def _as_int_array(name: str, raw) -> np.ndarray:
-    arr = np.asarray(raw)
+    arr = _rectangular(name, "ids", raw)
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"feature {name!r}: ids must be an integer array, got dtype {arr.dtype}")
     if np.issubdtype(arr.dtype, np.unsignedinteger):
@@ -358,7 +382,7 @@ def _check_weight_dtype(name: str, dt: np.dtype) -> None:
 
 
 def _as_weight_array(name: str, raw, shape) -> np.ndarray:
-    w = np.asarray(raw)
+    w = _rectangular(name, "weights", raw)
     _check_weight_dtype(name, w.dtype)
     if w.shape != tuple(shape):
         raise ValueError(f"feature {name!r}: weights shape {w.shape} != ids shape {tuple(shape)}")
@@ -372,18 +396,37 @@ def _check_finite(name: str, w: np.ndarray, valid: np.ndarray) -> None:
         raise ValueError(f"feature {name!r}: weight {w[pos]} at position {pos} is not finite")
 
 
-def _check_mean_weights(name: str, combiner, w, valid: np.ndarray) -> None:
-    """A `mean` bag divides by the sum of its weights: a non-empty bag whose weights sum to
-    zero or less has no mean (the kernels would return 0), so it is refused here."""
-    if w is None or combiner is not Combiner.MEAN:
+# The least denominator a weighted `mean` or `sqrtn` bag may have: its weight sum (mean) or
+# the root of its squared weights' sum (sqrtn). The kernels compute in float32 and flush
+# results below float32's smallest normal number (2**-126) to zero, so a smaller denominator
+# pooled to zeros (weights [1e-45] gave a zero vector, not the row; sqrtn weights [1e-19]
+# too). From 2**-60 up, a flushed product w * row changes the pooled value by less than
+# 2**-66 per id, and the denominator itself is a normal number.
+MIN_POOL_DENOMINATOR = 2.0**-60
+
+
+def _check_pool_weights(name: str, combiner, w, valid: np.ndarray) -> None:
+    """A `mean` bag divides by the sum of its weights, a `sqrtn` bag by the root of the sum
+    of their squares. A non-empty mean bag whose weights sum to less than
+    `MIN_POOL_DENOMINATOR` (zero or less: no mean at all), or a sqrtn bag with a non-zero
+    weight whose norm is below it, would pool to zeros in float32, so it is refused."""
+    if w is None or combiner not in (Combiner.MEAN, Combiner.SQRTN):
         return
-    sums = np.where(valid, w, 0.0).sum(axis=1)
-    bad = valid.any(axis=1) & (sums <= 0)
+    w64 = np.where(valid, np.asarray(w, np.float64), 0.0)
+    if combiner is Combiner.MEAN:
+        den = w64.sum(axis=1)
+        bad = valid.any(axis=1) & ~(den >= MIN_POOL_DENOMINATOR)
+        what = "weights sum to"
+    else:
+        den = np.sqrt(np.square(w64).sum(axis=1))
+        bad = (den > 0) & (den < MIN_POOL_DENOMINATOR)
+        what = "weights' root sum of squares is"
     if bad.any():
         b = int(np.argmax(bad))
         raise ValueError(
-            f"feature {name!r}: sample {b}'s weights sum to {float(sums[b])}; a mean combiner "
-            "needs a positive weight sum for every non-empty bag"
+            f"feature {name!r}: sample {b}'s {what} {float(den[b]):.7g}; a {combiner.value} "
+            f"combiner needs at least 2**-60 (about {MIN_POOL_DENOMINATOR:.2g}) for every "
+            "non-empty bag (float32 pools a smaller one to zeros)"
         )
 
 
@@ -403,7 +446,7 @@ def _finish(name, packed, lengths, w, config):
                 f"feature {name!r}: sample {b} has {int(lengths[b])} ids, above max_hotness "
                 f"{fc.max_hotness}"
             )
-        _check_mean_weights(name, fc.combiner, w, valid)
+        _check_pool_weights(name, fc.combiner, w, valid)
         too_big = valid & (packed >= table.vocab_size)
         if too_big.any():
             pos = tuple(int(i) for i in np.argwhere(too_big)[0])
