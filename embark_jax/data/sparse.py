@@ -41,7 +41,9 @@ class SparseFeatures:
     Build it with `from_dense`, `from_ragged` or `from_lengths`; the plain constructor does
     no validation (JAX uses it to rebuild the pytree). `EmbeddingCollection` checks such a
     hand-built batch's layout (`check_layout`) and the types of its host ids before it
-    reaches a device, and drops ids outside their table there (`sharding.bounds`).
+    reaches a device, and drops ids outside their table there (`sharding.bounds`). When JAX
+    flattens the batch (e.g. at a caller's own `jit`), host ids and lengths of a type JAX
+    could wrap are checked by value first (`_refuse_wrapping`).
     """
 
     ids: Mapping[str, jax.Array | np.ndarray]
@@ -280,8 +282,81 @@ class SparseFeatures:
             _check_lengths(name, self.lengths, rebuilt.lengths[name])
 
 
-jax.tree_util.register_dataclass(
-    SparseFeatures, data_fields=["ids", "lengths", "weights"], meta_fields=[]
+# --- the pytree: host ids that JAX would wrap are refused when it flattens the batch -------
+
+_FIELDS = ("ids", "lengths", "weights")
+_KEYS = tuple(jax.tree_util.GetAttrKey(f) for f in _FIELDS)
+
+
+def _wide_host_ints(x) -> np.ndarray | None:
+    """`x` as a numpy array when it is a host integer array (or a list of integers) whose
+    type may hold values that JAX's conversion would wrap: wider than the ids JAX holds
+    (int32, or int64 with `jax_enable_x64`), or unsigned of that width or more. None for
+    everything else (JAX arrays and tracers, narrow types, floats), which costs nothing."""
+    if isinstance(x, (list, tuple)):
+        if not x or any(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(x)):
+            return None
+        try:
+            x = np.asarray(x)
+        except (ValueError, OverflowError):  # ragged, or beyond int64: JAX refuses those
+            return None
+    if not isinstance(x, np.ndarray) or x.dtype.kind not in "iu" or not x.size:
+        return None
+    target = 8 if jax.config.jax_enable_x64 else 4
+    size = x.dtype.itemsize
+    if (x.dtype.kind == "i" and size <= target) or (x.dtype.kind == "u" and size < target):
+        return None
+    return x
+
+
+def _refuse_wrapping(sf: SparseFeatures) -> None:
+    """A one-line `ValueError` naming the feature, the value and its position when a host
+    id or length of `sf` lies outside the integers JAX holds. Runs whenever the batch is
+    flattened: a caller's own `jit` converts host arrays after flattening its arguments,
+    and with 64-bit types off it wraps an int64 id of 2**32 + 5 to 5, a valid row that no
+    later check could tell from a real one."""
+    bits = 64 if jax.config.jax_enable_x64 else 32
+    info = np.iinfo(np.int64 if bits == 64 else np.int32)
+    for what, field in (("id", sf.ids), ("length", sf.lengths)):
+        if not isinstance(field, Mapping):
+            continue
+        for name, value in field.items():
+            x = _wide_host_ints(value)
+            if x is None:
+                continue
+            lo, hi = x.min(), x.max()
+            if lo >= info.min and hi <= info.max:
+                continue
+            bad = hi if hi > info.max else lo
+            pos = tuple(int(i) for i in np.argwhere(x == bad)[0])
+            hint = (
+                "and JAX's 64-bit types are off (jax_enable_x64), so it would wrap to another "
+                "value; enable them or pass int32 values"
+                if bits == 32
+                else ", the widest integers JAX holds"
+            )
+            raise ValueError(
+                f"feature {name!r}: {what} {int(bad)} at position {pos} is outside "
+                f"int{bits} {hint}".replace(" ,", ",")
+            )
+
+
+def _flatten(sf: SparseFeatures):
+    _refuse_wrapping(sf)
+    return (sf.ids, sf.lengths, sf.weights), None
+
+
+def _flatten_with_keys(sf: SparseFeatures):
+    _refuse_wrapping(sf)
+    return tuple(zip(_KEYS, (sf.ids, sf.lengths, sf.weights), strict=True)), None
+
+
+def _unflatten(_aux, children) -> SparseFeatures:
+    return SparseFeatures(*children)
+
+
+jax.tree_util.register_pytree_with_keys(
+    SparseFeatures, _flatten_with_keys, _unflatten, flatten_func=_flatten
 )
 
 
