@@ -154,7 +154,7 @@ class StepRunner:
         elif policy is OverflowPolicy.GROW and any(overflow.values()):
             grown = [name for name, n in overflow.items() if n > 0]
             plan = grow_capacities(
-                self.setup.plan, grown, self.setup.options, config=self.setup.config
+                self.setup.plan, grown, self.setup.options, lowered=self.setup.lowered
             )
             self._compile(with_plan(self.setup, plan))
         probs = self._host(out["probs"])
