@@ -292,6 +292,28 @@ def test_numpy_integers_are_saved_as_integers(tmp_path):
     assert (meta["step"], meta["data_position"]) == (4, 3)
 
 
+def test_a_dense_directory_copied_from_another_step_is_refused(tmp_path):
+    import shutil
+
+    ds = SyntheticDataset(CFG, batch_size=B, seed=3)
+    a = trainer(mixed_plan())
+    a.step(ds.batch(0))
+    a.save(str(tmp_path))
+    a.step(ds.batch(1))
+    a.save(str(tmp_path))
+    one, two = (tmp_path / f"step_0000000{i}" / "dense" for i in (1, 2))
+    shutil.rmtree(two)
+    shutil.copytree(one, two)
+    b = trainer(mixed_plan(), seed=7)
+    with pytest.raises(
+        ValueError,
+        match=r"^checkpoint .*step_00000002: .*step_00000002/dense does not match the "
+        r"fingerprint recorded for step 2 \(dense parameters copied from another",
+    ):
+        b.restore(str(tmp_path))
+    assert b.restore(str(tmp_path), step=1)["step"] == 1  # the untouched one restores
+
+
 def test_restore_rejects_mismatched_tables(tmp_path):
     a = trainer(mixed_plan())
     a.save(str(tmp_path))
