@@ -361,6 +361,35 @@ def test_failed_restore_leaves_the_live_state_usable(tmp_path):
     assert np.isfinite(b.step(ds.batch(1)).loss)
 
 
+def test_import_table_failures_are_one_line_naming_the_table(tmp_path):
+    a = trainer(mixed_plan())
+    good = all_tables(a)["rw"]["table"]
+    np.save(tmp_path / "objects.npy", np.array([{"x": 1}, 2], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "full.npy", good)
+    (tmp_path / "truncated.npy").write_bytes((tmp_path / "full.npy").read_bytes()[:300])
+    (tmp_path / "text.npy").write_text("0.1 0.2 0.3\n")
+    np.savez(tmp_path / "full.npz", table=good)
+    (tmp_path / "truncated.npz").write_bytes((tmp_path / "full.npz").read_bytes()[:200])
+    np.save(tmp_path / "ints.npy", np.ones(good.shape, np.int64))
+    np.savez(tmp_path / "int_slot.npz", table=good, slot_m=np.ones(good.shape, np.int32))
+    cases = {
+        "objects.npy": "cannot read .*objects.npy: it holds Python objects",
+        "truncated.npy": "cannot read .*truncated.npy: Failed to read all data",
+        "text.npy": ".*text.npy is not a .npy file",
+        "truncated.npz": ".*truncated.npz is not an .npz archive|cannot read .*truncated.npz",
+        "missing.npy": "cannot read .*missing.npy: No such file",
+        "ints.npy": r"table in .*ints.npy is int64, not floats; the table is float32 \(not "
+        "converted",
+        "int_slot.npz": "slot 'm' in .*int_slot.npz is int32, not floats",
+    }
+    for file, message in cases.items():
+        with pytest.raises(ValueError, match=rf"^table 'rw': ({message})"):
+            ckpt.import_table(a.setup, a.state, "rw", str(tmp_path / file))
+    with pytest.raises(ValueError, match=r"^import_table: unknown table 'nope'; the model's"):
+        ckpt.import_table(a.setup, a.state, "nope", str(tmp_path / "full.npy"))
+    np.testing.assert_array_equal(all_tables(a)["rw"]["table"], good)  # the state as it was
+
+
 def test_import_table_returns_a_new_state(tmp_path):
     a = trainer(mixed_plan())
     old = all_tables(a)["rw"]["table"]
