@@ -314,6 +314,62 @@ def test_a_dense_directory_copied_from_another_step_is_refused(tmp_path):
     assert b.restore(str(tmp_path), step=1)["step"] == 1  # the untouched one restores
 
 
+def test_the_longest_table_name_allowed_saves_and_restores(tmp_path):
+    """A name the config accepts must be one a save can write (Orbax adds its own suffix to
+    the table's directory while it writes)."""
+    from embark_jax.core.plan import Plan, TablePlan, Topology
+    from embark_jax.core.specs import (
+        MAX_TABLE_DIRNAME,
+        EmbeddingConfig,
+        FeatureConfig,
+        TableConfig,
+        table_dirname,
+    )
+
+    name = "t." * (MAX_TABLE_DIRNAME // 4)  # "." takes 3: exactly the limit
+    assert len(table_dirname(name)) == MAX_TABLE_DIRNAME
+    config = EmbeddingConfig.create(
+        [TableConfig(name=name, vocab_size=8, dim=4)],
+        [FeatureConfig(name="f", table=name, max_hotness=1)],
+    )
+    every = (tuple(range(8)),)
+    p = Plan(
+        topology=Topology(num_nodes=1, devices_per_node=8),
+        batch_size=8,
+        tables=(TablePlan(name=name, cluster="dp", row_shards=1, column_shards=1, devices=every),),
+    )
+    setup, state = create(config, p, dense=DENSE, sparse_optimizer=O.SGD(learning_rate=0.1))
+    ckpt.save(str(tmp_path), setup, state)
+    assert ckpt.restore(str(tmp_path), setup)[1]["step"] == 0
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+def test_a_damaged_newest_meta_json_is_skipped_with_a_warning(tmp_path, damage):
+    ds = SyntheticDataset(CFG, batch_size=B, seed=3)
+    a = trainer(mixed_plan())
+    for i in range(2):
+        a.step(ds.batch(i))
+        a.save(str(tmp_path))
+    meta = tmp_path / "step_00000002" / "meta.json"
+    if damage == "deleted":
+        meta.unlink()
+        why = "its meta.json is missing"
+    else:
+        meta.write_text(meta.read_text()[:40])
+        why = r"its meta.json cannot be read \(truncated\?\)"
+    message = (
+        rf"^checkpoint step 2 skipped: {why} \(.*step_00000002\); the latest checkpoint is step 1$"
+    )
+    with pytest.warns(UserWarning, match=message):
+        assert ckpt.latest_step(str(tmp_path)) == 1
+    with pytest.warns(UserWarning, match=message):
+        assert a.restore(str(tmp_path))["step"] == 1
+    for other in tmp_path.glob("step_*/meta.json"):  # nothing left to fall back to
+        other.unlink()
+    with pytest.warns(UserWarning, match=r"no other complete checkpoint is there"):
+        assert ckpt.latest_step(str(tmp_path)) is None
+
+
 def test_restore_rejects_mismatched_tables(tmp_path):
     a = trainer(mixed_plan())
     a.save(str(tmp_path))

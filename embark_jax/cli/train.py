@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 from embark_jax.cli.errors import CLIError, make_parent
 from embark_jax.cli.train_args import (  # noqa: F401  (re-exported for the CLI front)
@@ -172,13 +173,19 @@ def _maybe_resume(args, runner, state, say):
 
     if not args.resume:
         return state, 0
-    if checkpoint.latest_step(args.checkpoint_dir) is None:
+    with warnings.catch_warnings(record=True) as caught:  # a damaged newest step: one line
+        warnings.simplefilter("always", UserWarning)
+        latest = checkpoint.latest_step(args.checkpoint_dir)
+        if latest is not None:
+            try:
+                state, meta = checkpoint.restore(args.checkpoint_dir, runner.setup)
+            except (ValueError, OSError) as e:  # a mismatch or a damaged checkpoint
+                raise CLIError(f"--resume from {args.checkpoint_dir}: {e}") from None
+    for text in dict.fromkeys(str(w.message) for w in caught):
+        say(f"warning: {text}")
+    if latest is None:
         say(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
         return state, 0
-    try:
-        state, meta = checkpoint.restore(args.checkpoint_dir, runner.setup)
-    except (ValueError, OSError) as e:  # a mismatch or a damaged checkpoint: one line
-        raise CLIError(f"--resume from {args.checkpoint_dir}: {e}") from None
     start = meta["data_position"]
     say(
         f"resumed from {meta['path']} (step {meta['step']}, saved with "
