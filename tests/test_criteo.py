@@ -273,6 +273,79 @@ def test_multihot_batches_equal_the_arrays(multihot, tmp_path):
 # --- training from the files equals training from the arrays ----------------------------------
 
 
+def test_multihot_bad_labels_and_dense_values_name_the_file_row_and_value(tmp_path):
+    from embark_jax.data.batch import DataError
+
+    write_multihot(tmp_path)
+    labels = np.load(tmp_path / "day_0_labels.npy")
+    labels[3, 0] = 2
+    np.save(tmp_path / "day_0_labels.npy", labels)
+    dense = np.load(tmp_path / "day_1_dense.npy")
+    dense[2, 7] = np.nan
+    np.save(tmp_path / "day_1_dense.npy", dense)
+    ds = CriteoMultiHot(tmp_path, CFG, batch_size=B, prefetch=0)
+    day0, day1 = (str(tmp_path / f"day_{d}_{k}.npy") for d, k in ((0, "labels"), (1, "dense")))
+    with pytest.raises(
+        DataError, match=rf"^criteo-multihot {tmp_path} day 0: {day0} row 3: label 2 is not 0 or 1$"
+    ):
+        ds.batch(0)
+    with pytest.raises(  # sample 22 is day 1's row 2
+        DataError, match=rf"day 1: {day1} row 2: dense feature 7 is nan, not a finite float32"
+    ):
+        ds.batch(1)
+    other = CriteoMultiHot(tmp_path, CFG, batch_size=B, process_index=1, process_count=2)
+    with pytest.raises(DataError, match=r"row 3: label 2"):  # labels of the others' rows too
+        other.batch(0)
+
+
+@pytest.mark.parametrize(
+    ("victim", "message"),
+    [
+        ("day_1_labels.npy", r"day 1 labels: {dir}/day_1_labels.npy: shorter than its header"),
+        ("day_1_dense.npy", r"day 1 dense features: {dir}/day_1_dense.npy: shorter than its"),
+        (
+            "day_1_sparse_multi_hot_unpacked/7.npy",
+            r"day 1 sparse feature 7: {dir}/day_1_sparse_multi_hot_unpacked/7.npy: shorter",
+        ),
+        ("day_0_sparse_multi_hot.npz", r"day 0: {dir}/day_0_sparse_multi_hot.npz: "),
+    ],
+)
+def test_multihot_truncated_file_names_the_file_day_and_feature(tmp_path, victim, message):
+    write_multihot(tmp_path)
+    path = tmp_path / victim
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 40])
+    with pytest.raises(ValueError, match=message.format(dir=tmp_path)):
+        CriteoMultiHot(tmp_path, CFG, batch_size=B)
+
+
+def test_tsv_changed_after_indexing_names_the_file_and_line(tmp_path):
+    from embark_jax.data.batch import DataError
+
+    path = tmp_path / "train.txt"
+    write_tsv(path)
+    ds = CriteoTSV(path, CFG, batch_size=B, prefetch=0)
+    lines = path.read_bytes().split(b"\n")
+    stat = os.stat(path)
+    # line 2 (sample 1) becomes a bad line of the same length, the mtime kept: only the
+    # parse can tell
+    lines[1] = b"7" + lines[1][1:]
+    path.write_bytes(b"\n".join(lines))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(
+        DataError,
+        match=rf"^criteo-tsv {path}: line 2 is no longer a valid sample \(label: label b'7'\): "
+        "the file changed after it was indexed; restart to index it again$",
+    ):
+        ds.batch(0)
+    with open(path, "ab") as fh:  # appended to: size and mtime change
+        fh.write(b"0\t1\n")
+    with pytest.raises(
+        DataError, match=rf"^criteo-tsv {path}: the file changed after it was indexed \(size"
+    ):
+        ds.batch(1)
+
+
 @pytest.fixture(scope="module")
 def runner_and_state():
     plan = Plan(
