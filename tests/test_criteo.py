@@ -426,6 +426,45 @@ def test_cli_bad_data_is_one_error_line(data, message):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("where", ["first batch", "later batch"])
+def test_cli_bad_multihot_value_is_one_error_line(tmp_path, where):
+    """A label of 2 in the first batch fails before anything is written; a NaN dense value
+    met at step 2 stops training with the same kind of line."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_multihot(data)
+    if where == "first batch":
+        labels = np.load(data / "day_0_labels.npy")
+        labels[3, 0] = 2
+        np.save(data / "day_0_labels.npy", labels)
+        needle = f"{data}/day_0_labels.npy row 3: label 2 is not 0 or 1"
+    else:  # sample 16 is first read by batch 1 (the 17 training samples wrap)
+        dense = np.load(data / "day_0_dense.npy")
+        dense[16, 4] = np.nan
+        np.save(data / "day_0_dense.npy", dense)
+        needle = f"{data}/day_0_dense.npy row 16: dense feature 4 is nan"
+    out = tmp_path / "out"
+    r = _cli(
+        [
+            *("--data", f"criteo-multihot:{data}", "--model", "dcnv2-mini"),
+            *("--max-vocab", "50", "--max-hotness", "2", "--batch-size", "16", "--steps", "3"),
+            *("--eval-batches", "1", "--devices", "1", "--baseline", "dp"),
+            *("--topology", "h200", "--out", str(out / "m.json")),
+            *("--plan-out", str(out / "plan.json"), "--log-dir", str(out / "logs")),
+            *("--checkpoint-dir", str(out / "ckpt")),
+        ]
+    )
+    text = r.stdout + r.stderr
+    assert r.returncode == 2 and "Traceback" not in text, text
+    errors = [line for line in text.splitlines() if "error:" in line]
+    assert len(errors) == 1 and needle in errors[0], text
+    if where == "first batch":
+        assert "batch 0" in errors[0] and not out.exists(), text  # nothing written
+    else:
+        assert "batch 1 (step 2)" in errors[0] and not (out / "m.json").exists(), text
+
+
+@pytest.mark.slow
 def test_cli_trains_on_tsv(tsv, tmp_path):
     path, _, _ = tsv
     out = tmp_path / "m.json"

@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for the resume hint
     if args.command == "demo":
         from embark_jax.cli.demo import run_demo
 

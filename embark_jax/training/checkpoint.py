@@ -448,5 +448,10 @@ class CheckpointEvery(CallbackBase):
             self.last_saved = self._pending.wait()
             self._pending = None
 
+    def wait(self) -> None:
+        """Waits for an asynchronous save in flight (re-raising its error), e.g. when
+        training stops early; `last_saved` is then the newest complete save."""
+        self._settle()
+
     def on_end(self, state):
         self._settle()
