@@ -96,6 +96,9 @@ IN_PROCESS = [
     (["simulate", "--nodes", "0"], "--nodes: must be >= 1, got 0"),
     (["simulate", "--models", "nope"], "unknown model 'nope'"),
     (["launch", "--nproc", "0", "--", "train"], "--nproc: must be >= 1, got 0"),
+    (["launch", "--", "bogus"], "invalid choice: 'bogus'"),  # once, not once per process
+    (["launch", "--", "train", "--steps", "0"], "--steps: must be >= 1, got 0"),
+    (["launch", "--", "train", "--resume"], "--resume needs --checkpoint-dir"),
 ]
 
 
