@@ -61,7 +61,7 @@ def _datasets(args, config, say):
         say(f"only {ds.num_samples} samples: evaluating on training samples (nothing held out)")
         return ds, [ds.batch(i) for i in range(args.eval_batches)]
     except DataError as e:
-        raise CLIError(f"--data {args.data}: evaluation batches: {e}") from None
+        raise CLIError(_data_error(args, "evaluation batches", e)) from None
 
 
 def _sparse_optimizer(name: str, lr: float):
