@@ -23,7 +23,8 @@ Rules (docs/design.md §8, "Checkpoints"):
   wrote) is ignored, and replaced only when step N is saved (or its moved-aside copy is put
   back). One save at a time per directory. A `step_N` holding a checkpoint's folders whose
   meta.json is missing or unreadable (deleted or damaged after its commit) is skipped by
-  `latest_step` with a warning naming the step, not silently.
+  `latest_step` with a warning naming the step, not silently (an unreadable one with no
+  other checkpoint to take stays the latest: its restore fails naming the file).
 * **Table names** become one path component each (`table_dirname`): characters other than
   letters, digits, `_` and `-` are %-escaped, so no name can leave the checkpoint.
 """
@@ -212,10 +213,16 @@ def latest_step(directory: str) -> int | None:
     """The step of the most recently committed complete checkpoint (None if there is none).
     A checkpoint whose meta.json was deleted or damaged after its commit cannot be ordered
     or restored: it is skipped with a warning naming its step and the one taken instead
-    (falling back silently would resume an older step unnoticed)."""
+    (falling back silently would resume an older step unnoticed). With no other checkpoint
+    to take, a damaged meta.json is still the latest, so that its restore fails naming the
+    file."""
     found = _complete(directory)
     damaged = {s: v for s, v in _damaged(directory).items() if found.get(s, v[0]) == v[0]}
-    order = [(s, p) for s, p in _by_commit_order(directory) if s not in damaged]
+    everything = _by_commit_order(directory)
+    order = [(s, p) for s, p in everything if s not in damaged]
+    if not order and everything:  # nothing to fall back to: the damaged one, whose
+        order = everything[-1:]  # restore then fails naming its file
+        damaged.pop(order[0][0])
     latest = order[-1][0] if order else None
     for step, (path, why) in sorted(damaged.items()):
         instead = (
