@@ -156,6 +156,43 @@ def test_grow_from_the_default_sizing_never_shrinks_a_bucket():
         assert grown.table("rw").capacity_factor > 2 * DEFAULT_CAPACITY_FACTOR
 
 
+def _slots(lowered, table, opts):
+    """Device -> the bucket slots `table`'s requests to its shard there may take: the
+    group's bucket less the capacities of the other tables' shards on that device."""
+    hot = {f.name: f.max_hotness for f in lowered.config.features}
+    group = lowered.group_of(table)
+    bucket = group_capacity(lowered, group, 2, hot, opts)
+    cap = {t: table_capacity(lowered, t, 2, hot, opts).bucket for t in group.tables}
+    devices = {s.device for s in group.shards if s.table == table}
+    return {
+        d: bucket - sum(cap[s.table] for s in group.shards if s.device == d and s.table != table)
+        for d in devices
+    }
+
+
+@pytest.mark.parametrize(("cluster", "uc"), [("rb", None), ("ub", None), ("ub", 6)])
+@pytest.mark.parametrize("cf", [0.2, 0.5, None])
+def test_each_growth_doubles_the_slots_the_table_had_padding_included(cluster, uc, cf):
+    """ "rw" is sized below "tw", whose shard shares device 1 and so pads the group's bucket:
+    "rw" could use that padding, and doubling its factor alone left the bucket as it was."""
+    opts = RuntimeOptions()
+    lowered = _setup(cluster, cf=cf, uc=uc)
+    worst = {"rb": 22, "ub": 16}[cluster]  # every slot, or a shard's 64 / 4 rows (ub)
+    for _ in range(4):
+        before = _slots(lowered, "rw", opts)
+        grown = grow_capacities(lowered.plan, ["rw"], opts, lowered=lowered)
+        lowered = lower(grown, lowered.config)
+        after = _slots(lowered, "rw", opts)
+        for d, n in before.items():
+            assert after[d] >= min(2 * n, worst), (d, before, after)
+    by_config = grow_capacities(
+        _setup(cluster, cf=cf, uc=uc).plan, ["rw"], opts, config=lowered.config
+    )
+    assert by_config == grow_capacities(
+        _setup(cluster, cf=cf, uc=uc).plan, ["rw"], opts, lowered=_setup(cluster, cf=cf, uc=uc)
+    )
+
+
 def test_derive_capacities_from_skewed_batches():
     lowered = _setup("ub")
     rng = np.random.default_rng(0)

@@ -292,6 +292,84 @@ def test_numpy_integers_are_saved_as_integers(tmp_path):
     assert (meta["step"], meta["data_position"]) == (4, 3)
 
 
+def test_a_dense_directory_copied_from_another_step_is_refused(tmp_path):
+    import shutil
+
+    ds = SyntheticDataset(CFG, batch_size=B, seed=3)
+    a = trainer(mixed_plan())
+    a.step(ds.batch(0))
+    a.save(str(tmp_path))
+    a.step(ds.batch(1))
+    a.save(str(tmp_path))
+    one, two = (tmp_path / f"step_0000000{i}" / "dense" for i in (1, 2))
+    shutil.rmtree(two)
+    shutil.copytree(one, two)
+    b = trainer(mixed_plan(), seed=7)
+    with pytest.raises(
+        ValueError,
+        match=r"^checkpoint .*step_00000002: .*step_00000002/dense does not match the "
+        r"fingerprint recorded for step 2 \(dense parameters copied from another",
+    ):
+        b.restore(str(tmp_path))
+    assert b.restore(str(tmp_path), step=1)["step"] == 1  # the untouched one restores
+
+
+def test_the_longest_table_name_allowed_saves_and_restores(tmp_path):
+    """A name the config accepts must be one a save can write (Orbax adds its own suffix to
+    the table's directory while it writes)."""
+    from embark_jax.core.plan import Plan, TablePlan, Topology
+    from embark_jax.core.specs import (
+        MAX_TABLE_DIRNAME,
+        EmbeddingConfig,
+        FeatureConfig,
+        TableConfig,
+        table_dirname,
+    )
+
+    name = "t." * (MAX_TABLE_DIRNAME // 4)  # "." takes 3: exactly the limit
+    assert len(table_dirname(name)) == MAX_TABLE_DIRNAME
+    config = EmbeddingConfig.create(
+        [TableConfig(name=name, vocab_size=8, dim=4)],
+        [FeatureConfig(name="f", table=name, max_hotness=1)],
+    )
+    every = (tuple(range(8)),)
+    p = Plan(
+        topology=Topology(num_nodes=1, devices_per_node=8),
+        batch_size=8,
+        tables=(TablePlan(name=name, cluster="dp", row_shards=1, column_shards=1, devices=every),),
+    )
+    setup, state = create(config, p, dense=DENSE, sparse_optimizer=O.SGD(learning_rate=0.1))
+    ckpt.save(str(tmp_path), setup, state)
+    assert ckpt.restore(str(tmp_path), setup)[1]["step"] == 0
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+def test_a_damaged_newest_meta_json_is_skipped_with_a_warning(tmp_path, damage):
+    ds = SyntheticDataset(CFG, batch_size=B, seed=3)
+    a = trainer(mixed_plan())
+    for i in range(2):
+        a.step(ds.batch(i))
+        a.save(str(tmp_path))
+    meta = tmp_path / "step_00000002" / "meta.json"
+    if damage == "deleted":
+        meta.unlink()
+        why = "its meta.json is missing"
+    else:
+        meta.write_text(meta.read_text()[:40])
+        why = r"its meta.json cannot be read \(truncated\?\)"
+    message = (
+        rf"^checkpoint step 2 skipped: {why} \(.*step_00000002\); the latest checkpoint is step 1$"
+    )
+    with pytest.warns(UserWarning, match=message):
+        assert ckpt.latest_step(str(tmp_path)) == 1
+    with pytest.warns(UserWarning, match=message):
+        assert a.restore(str(tmp_path))["step"] == 1
+    for other in tmp_path.glob("step_*/meta.json"):  # nothing left to fall back to
+        other.unlink()
+    with pytest.warns(UserWarning, match=r"no other complete checkpoint is there"):
+        assert ckpt.latest_step(str(tmp_path)) is None
+
+
 def test_restore_rejects_mismatched_tables(tmp_path):
     a = trainer(mixed_plan())
     a.save(str(tmp_path))
@@ -337,6 +415,35 @@ def test_failed_restore_leaves_the_live_state_usable(tmp_path):
     for name in before:
         np.testing.assert_array_equal(after[name]["table"], before[name]["table"])
     assert np.isfinite(b.step(ds.batch(1)).loss)
+
+
+def test_import_table_failures_are_one_line_naming_the_table(tmp_path):
+    a = trainer(mixed_plan())
+    good = all_tables(a)["rw"]["table"]
+    np.save(tmp_path / "objects.npy", np.array([{"x": 1}, 2], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "full.npy", good)
+    (tmp_path / "truncated.npy").write_bytes((tmp_path / "full.npy").read_bytes()[:300])
+    (tmp_path / "text.npy").write_text("0.1 0.2 0.3\n")
+    np.savez(tmp_path / "full.npz", table=good)
+    (tmp_path / "truncated.npz").write_bytes((tmp_path / "full.npz").read_bytes()[:200])
+    np.save(tmp_path / "ints.npy", np.ones(good.shape, np.int64))
+    np.savez(tmp_path / "int_slot.npz", table=good, slot_m=np.ones(good.shape, np.int32))
+    cases = {
+        "objects.npy": "cannot read .*objects.npy: it holds Python objects",
+        "truncated.npy": "cannot read .*truncated.npy: Failed to read all data",
+        "text.npy": ".*text.npy is not a .npy file",
+        "truncated.npz": ".*truncated.npz is not an .npz archive|cannot read .*truncated.npz",
+        "missing.npy": "cannot read .*missing.npy: No such file",
+        "ints.npy": r"table in .*ints.npy is int64, not floats; the table is float32 \(not "
+        "converted",
+        "int_slot.npz": "slot 'm' in .*int_slot.npz is int32, not floats",
+    }
+    for file, message in cases.items():
+        with pytest.raises(ValueError, match=rf"^table 'rw': ({message})"):
+            ckpt.import_table(a.setup, a.state, "rw", str(tmp_path / file))
+    with pytest.raises(ValueError, match=r"^import_table: unknown table 'nope'; the model's"):
+        ckpt.import_table(a.setup, a.state, "nope", str(tmp_path / "full.npy"))
+    np.testing.assert_array_equal(all_tables(a)["rw"]["table"], good)  # the state as it was
 
 
 def test_import_table_returns_a_new_state(tmp_path):

@@ -2,6 +2,8 @@
 traceback, and nothing written (issues 11 item 13 and 13 item 5)."""
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -94,6 +96,9 @@ IN_PROCESS = [
     (["simulate", "--nodes", "0"], "--nodes: must be >= 1, got 0"),
     (["simulate", "--models", "nope"], "unknown model 'nope'"),
     (["launch", "--nproc", "0", "--", "train"], "--nproc: must be >= 1, got 0"),
+    (["launch", "--", "bogus"], "invalid choice: 'bogus'"),  # once, not once per process
+    (["launch", "--", "train", "--steps", "0"], "--steps: must be >= 1, got 0"),
+    (["launch", "--", "train", "--resume"], "--resume needs --checkpoint-dir"),
 ]
 
 
@@ -211,3 +216,54 @@ def test_output_files_may_go_to_new_folders(tmp_path, capsys):
     sim = tmp_path / "d" / "sim.json"
     assert main(["simulate", "--models", "dcnv2", "--nodes", "1", "--out", str(sim)]) == 0
     assert sim.is_file()
+
+
+FAST = [*SMALL, "--model", "dcnv2-mini", "--batch-size", "16", "--devices", "1"]
+FAST += ["--baseline", "dp", "--topology", "h200", "--dense-net", "mini", "--log-every", "1"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_train_says_where_it_stopped_and_how_to_resume(tmp_path):
+    """Before: a KeyboardInterrupt traceback ~10 s later. Now the step under way and its
+    save finish, then one line: the step reached, the last checkpoint and the command that
+    resumes; exit code 130."""
+    import signal
+    import time
+
+    ckpt = tmp_path / "ckpt"
+    argv = ["train", *FAST, "--steps", "100000", "--checkpoint-dir", str(ckpt)]
+    argv += ["--save-every", "1"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "embark_jax", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (ckpt / "step_00000002" / "meta.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in out + err, out + err
+    lines = err.strip().splitlines()
+    assert lines[0] == "stopping after the step under way (Ctrl-C again to stop at once)", err
+    assert len(lines) == 2, err
+    m = re.fullmatch(
+        r"interrupted at step (\d+); last checkpoint step (\d+) in (\S+); resume with: "
+        r"\S*python\S* -m embark_jax (train .*--resume)",
+        lines[1],
+    )
+    assert m and int(m[1]) == int(m[2]) >= 2 and m[3] == str(ckpt), lines[1]  # saved each step
+    resumed = run_subprocess(
+        [*shlex.split(m[4]), "--steps", "1"], tmp_path
+    )  # the last --steps wins: a short resume
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"(step {m[2]}, saved with 1 devices)" in resumed.stdout, resumed.stdout

@@ -273,6 +273,79 @@ def test_multihot_batches_equal_the_arrays(multihot, tmp_path):
 # --- training from the files equals training from the arrays ----------------------------------
 
 
+def test_multihot_bad_labels_and_dense_values_name_the_file_row_and_value(tmp_path):
+    from embark_jax.data.batch import DataError
+
+    write_multihot(tmp_path)
+    labels = np.load(tmp_path / "day_0_labels.npy")
+    labels[3, 0] = 2
+    np.save(tmp_path / "day_0_labels.npy", labels)
+    dense = np.load(tmp_path / "day_1_dense.npy")
+    dense[2, 7] = np.nan
+    np.save(tmp_path / "day_1_dense.npy", dense)
+    ds = CriteoMultiHot(tmp_path, CFG, batch_size=B, prefetch=0)
+    day0, day1 = (str(tmp_path / f"day_{d}_{k}.npy") for d, k in ((0, "labels"), (1, "dense")))
+    with pytest.raises(
+        DataError, match=rf"^criteo-multihot {tmp_path} day 0: {day0} row 3: label 2 is not 0 or 1$"
+    ):
+        ds.batch(0)
+    with pytest.raises(  # sample 22 is day 1's row 2
+        DataError, match=rf"day 1: {day1} row 2: dense feature 7 is nan, not a finite float32"
+    ):
+        ds.batch(1)
+    other = CriteoMultiHot(tmp_path, CFG, batch_size=B, process_index=1, process_count=2)
+    with pytest.raises(DataError, match=r"row 3: label 2"):  # labels of the others' rows too
+        other.batch(0)
+
+
+@pytest.mark.parametrize(
+    ("victim", "message"),
+    [
+        ("day_1_labels.npy", r"day 1 labels: {dir}/day_1_labels.npy: shorter than its header"),
+        ("day_1_dense.npy", r"day 1 dense features: {dir}/day_1_dense.npy: shorter than its"),
+        (
+            "day_1_sparse_multi_hot_unpacked/7.npy",
+            r"day 1 sparse feature 7: {dir}/day_1_sparse_multi_hot_unpacked/7.npy: shorter",
+        ),
+        ("day_0_sparse_multi_hot.npz", r"day 0: {dir}/day_0_sparse_multi_hot.npz: "),
+    ],
+)
+def test_multihot_truncated_file_names_the_file_day_and_feature(tmp_path, victim, message):
+    write_multihot(tmp_path)
+    path = tmp_path / victim
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 40])
+    with pytest.raises(ValueError, match=message.format(dir=tmp_path)):
+        CriteoMultiHot(tmp_path, CFG, batch_size=B)
+
+
+def test_tsv_changed_after_indexing_names_the_file_and_line(tmp_path):
+    from embark_jax.data.batch import DataError
+
+    path = tmp_path / "train.txt"
+    write_tsv(path)
+    ds = CriteoTSV(path, CFG, batch_size=B, prefetch=0)
+    lines = path.read_bytes().split(b"\n")
+    stat = os.stat(path)
+    # line 2 (sample 1) becomes a bad line of the same length, the mtime kept: only the
+    # parse can tell
+    lines[1] = b"7" + lines[1][1:]
+    path.write_bytes(b"\n".join(lines))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(
+        DataError,
+        match=rf"^criteo-tsv {path}: line 2 is no longer a valid sample \(label: label b'7'\): "
+        "the file changed after it was indexed; restart to index it again$",
+    ):
+        ds.batch(0)
+    with open(path, "ab") as fh:  # appended to: size and mtime change
+        fh.write(b"0\t1\n")
+    with pytest.raises(
+        DataError, match=rf"^criteo-tsv {path}: the file changed after it was indexed \(size"
+    ):
+        ds.batch(1)
+
+
 @pytest.fixture(scope="module")
 def runner_and_state():
     plan = Plan(
@@ -350,6 +423,45 @@ def test_cli_bad_data_is_one_error_line(data, message):
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "error:" in lines[0] and message in lines[0], r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["first batch", "later batch"])
+def test_cli_bad_multihot_value_is_one_error_line(tmp_path, where):
+    """A label of 2 in the first batch fails before anything is written; a NaN dense value
+    met at step 2 stops training with the same kind of line."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_multihot(data)
+    if where == "first batch":
+        labels = np.load(data / "day_0_labels.npy")
+        labels[3, 0] = 2
+        np.save(data / "day_0_labels.npy", labels)
+        needle = f"{data}/day_0_labels.npy row 3: label 2 is not 0 or 1"
+    else:  # sample 16 is first read by batch 1 (the 17 training samples wrap)
+        dense = np.load(data / "day_0_dense.npy")
+        dense[16, 4] = np.nan
+        np.save(data / "day_0_dense.npy", dense)
+        needle = f"{data}/day_0_dense.npy row 16: dense feature 4 is nan"
+    out = tmp_path / "out"
+    r = _cli(
+        [
+            *("--data", f"criteo-multihot:{data}", "--model", "dcnv2-mini"),
+            *("--max-vocab", "50", "--max-hotness", "2", "--batch-size", "16", "--steps", "3"),
+            *("--eval-batches", "1", "--devices", "1", "--baseline", "dp"),
+            *("--topology", "h200", "--out", str(out / "m.json")),
+            *("--plan-out", str(out / "plan.json"), "--log-dir", str(out / "logs")),
+            *("--checkpoint-dir", str(out / "ckpt")),
+        ]
+    )
+    text = r.stdout + r.stderr
+    assert r.returncode == 2 and "Traceback" not in text, text
+    errors = [line for line in text.splitlines() if "error:" in line]
+    assert len(errors) == 1 and needle in errors[0], text
+    if where == "first batch":
+        assert "batch 0" in errors[0] and not out.exists(), text  # nothing written
+    else:
+        assert "batch 1 (step 2)" in errors[0] and not (out / "m.json").exists(), text
 
 
 @pytest.mark.slow

@@ -2,7 +2,12 @@
 process does not leave the others hanging; the capacity-overflow policies."""
 
 import json
+import os
 import re
+import select
+import signal
+import subprocess
+import sys
 import time
 
 import jax
@@ -94,7 +99,64 @@ def test_overflow_policies():
         overflow.append(now.since(last).overflow["rw"])
         last = now
     assert overflow[0] > 0 and overflow[-1] == 0
+    # the first growth counts: "rw" doubled the slots it had, those "tw"'s shard padded in
+    assert overflow[1] <= overflow[0] // 2, overflow
     assert grow.setup.plan.table("rw").capacity_factor > 0.2  # grew, and the step recompiled
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as fh:
+            out += [int(x) for x in fh.read().split()]
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux")
+def test_processes_die_with_a_launcher_killed_with_sigkill():
+    """Before: both processes went on training 90 s after the launcher was killed -9."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    argv = ["launch", "--nproc", "2", "--devices-per-proc", "1", "--", "train", *SMALL]
+    argv += ["--steps", "100000", "--batch-size", "16"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "embark_jax", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    children: list[int] = []
+    try:
+        seen, deadline = "", time.monotonic() + 300
+        while "loss" not in seen.rpartition("[0] training")[2]:  # a step of both processes
+            assert launcher.poll() is None and time.monotonic() < deadline, seen
+            if select.select([launcher.stdout], [], [], 1.0)[0]:
+                seen += launcher.stdout.readline()
+        children = _children(launcher.pid)
+        assert len(children) == 2 and all(_alive(c) for c in children), seen
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(c) for c in children), "a process outlived its launcher"
+    finally:  # whatever happened, no process of this test is left running
+        if launcher.poll() is None:
+            children += _children(launcher.pid)
+            launcher.kill()
+        for c in children:
+            if _alive(c):
+                os.kill(c, signal.SIGKILL)
 
 
 @pytest.mark.slow

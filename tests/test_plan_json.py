@@ -81,6 +81,33 @@ def test_from_json_takes_text_only(text, message):
         Plan.from_json(text)
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (
+            '"batch_size": 4',
+            '"batch_size": 16, "batch_size": 24',
+            "'batch_size' is given twice in the plan",
+        ),
+        (
+            '"num_nodes": 1',
+            '"num_nodes": 1, "num_nodes": 2',
+            "'num_nodes' is given twice in the plan topology",
+        ),
+        (
+            '"row_shards": 2',
+            '"row_shards": 2, "row_shards": 1',
+            "'row_shards' is given twice in table 'a'",
+        ),
+    ],
+)
+def test_a_key_given_twice_is_refused(old, new, message):
+    text = PLAN.to_json(indent=None)
+    assert old in text
+    with pytest.raises(PlanError, match=message):
+        Plan.from_json(text.replace(old, new, 1))
+
+
 def test_from_file_names_the_file(tmp_path):
     with pytest.raises(PlanError, match=r"cannot read plan file .*missing\.json.*No such file"):
         Plan.from_file(tmp_path / "missing.json")

@@ -110,6 +110,18 @@ def test_is_a_pytree_and_jit_consumes_it():
             None,
             r"feature 'a': dense ids must be \[B, H\], got shape \(2,\)",
         ),
+        (
+            {"a": [[1, 2], [3]], "b": [[1], [2]]},
+            None,
+            r"^feature 'a': ids are not a rectangular \[B, H\] array \(sample 1 has 1 ids, "
+            r"sample 0 2 ids\); SparseFeatures.from_ragged takes rows of different lengths$",
+        ),
+        (
+            {"a": [[1], [2]], "b": [[1], [2]]},
+            {"b": [[1.0], [1.0, 2.0]]},
+            r"^feature 'b': weights are not a rectangular \[B, H\] array \(sample 1 has 2 "
+            r"weights, sample 0 1 weights\)",
+        ),
     ],
 )
 def test_from_dense_errors(ids, weights, message):
@@ -258,3 +270,102 @@ def test_mean_bag_with_a_non_positive_weight_sum_is_refused():
         SparseFeatures.from_dense(
             {"f": ids}, {"f": np.array([[1.0, 1.0], [-0.5, 9.0]])}, config=config
         )
+
+
+@pytest.mark.parametrize(
+    ("combiner", "weights", "message"),
+    [
+        ("mean", [[1e-45, 0.0]], r"sample 0's weights sum to 1\.401298e-45; a mean combiner"),
+        ("mean", [[2.0, 2.0], [1e-30, 0.0]], r"sample 1's weights sum to 1e-30"),
+        ("sqrtn", [[1e-19, 0.0]], r"sample 0's weights' root sum of squares is 1e-19; a sqrtn"),
+    ],
+)
+def test_a_bag_float32_would_pool_to_zeros_is_refused(combiner, weights, message):
+    config = EmbeddingConfig.create(
+        [TableConfig(name="t", vocab_size=10, dim=4)],
+        [FeatureConfig(name="f", table="t", max_hotness=2, combiner=combiner, weighted=True)],
+    )
+    ids = np.array([[1, 2]] * len(weights))
+    with pytest.raises(ValueError, match=r"^feature 'f': " + message):
+        SparseFeatures.from_dense({"f": ids}, {"f": np.array(weights, np.float32)}, config=config)
+
+
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
+def test_the_smallest_bag_weights_accepted_pool_to_the_row(combiner):
+    from embark_jax import ops
+    from embark_jax.data.sparse import MIN_POOL_DENOMINATOR
+
+    config = EmbeddingConfig.create(
+        [TableConfig(name="t", vocab_size=10, dim=4)],
+        [FeatureConfig(name="f", table="t", max_hotness=2, combiner=combiner, weighted=True)],
+    )
+    w = np.array([[MIN_POOL_DENOMINATOR, 0.0]], np.float32)
+    sf = SparseFeatures.from_dense({"f": np.array([[3, 4]])}, {"f": w}, config=config)
+    table = jnp.asarray(np.full((10, 4), 0.01, np.float32))
+    ids, seg, weights = sf.flat("f")
+    out = ops.lookup_pool(table, ids, seg, 1, weights=weights, combiner=combiner)
+    np.testing.assert_allclose(np.asarray(out), np.full((1, 4), 0.01), rtol=1e-6)
+
+
+# --- a hand-built batch of host int64 ids passed into the caller's own jit -----------------
+
+WRAPPING = [2**32 + 5, -(2**32) + 3, 2**33]  # would read rows 5, 3 and 0 once wrapped
+
+
+@pytest.mark.parametrize("cluster", ["dp", "rb", "ub"])
+def test_ids_that_would_wrap_at_the_callers_jit_are_refused(cluster):
+    from flax import nnx
+
+    from embark_jax.sharding.collection import EmbeddingCollection, lookup_fn
+    from tests.test_bounds import _config, _full_batch, _plan
+
+    config, plan = _config(cluster), _plan(cluster)
+    coll = EmbeddingCollection(config, plan, plan.make_mesh(), rngs=nnx.Rngs(0))
+
+    @jax.jit
+    def looked_up(batch):
+        return lookup_fn(coll.lowered, coll.mesh, coll.options, coll.buffer_values(), batch)[0]
+
+    for bad in WRAPPING:
+        host = _full_batch(config, np.int64)
+        host.ids["fa"][3, 1] = bad
+        message = rf"^feature 'fa': id {bad} at position \(3, 1\) is outside int32 and JAX's"
+        with pytest.raises(ValueError, match=message):
+            looked_up(host)
+        with pytest.raises(ValueError, match=message):
+            nnx.jit(lambda m, b: m.lookup(b).outputs)(coll, host)
+    # int64 ids that fit are taken by value, as int32 ids are (the same compiled lookup)
+    wide, narrow = (
+        looked_up(_full_batch(config, np.int64)),
+        looked_up(_full_batch(config, np.int32)),
+    )
+    for name, out in wide.items():
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(narrow[name]))
+
+
+def test_ids_that_would_wrap_are_refused_by_a_jitted_train_step():
+    import functools
+
+    import embark_jax as ej
+    from embark_jax.data.batch import Batch
+    from embark_jax.ops import optimizers as O
+    from embark_jax.training.models import DenseConfig
+    from embark_jax.training.state import create
+    from tests.test_bounds import _config, _full_batch, _plan
+
+    config, plan = _config("rb"), _plan("rb")
+    dense = DenseConfig(kind="dcnv2", bottom=(4,), top=(4, 1), cross_layers=1, cross_rank=2)
+    setup, state = create(config, plan, dense=dense, sparse_optimizer=O.SGD(learning_rate=0.1))
+    step = jax.jit(functools.partial(ej.train_step, setup))
+    sparse = _full_batch(config, np.int64)
+    sparse.ids["fn"][0, 0] = -(2**32) + 3
+    sparse.lengths["fn"][2] = 2**32 + 1  # a length too
+    batch = Batch(sparse, np.zeros((16, 13), np.float32), np.zeros(16, np.float32))
+    with pytest.raises(ValueError, match=r"^feature 'fn': id -4294967293 at position \(0, 0\)"):
+        step(state, batch)
+    sparse.ids["fn"][0, 0] = 1
+    with pytest.raises(ValueError, match=r"^feature 'fn': length 4294967297 at position \(2,\)"):
+        step(state, batch)
+    sparse.lengths["fn"][2] = 2
+    new, metrics = step(state, batch)  # in range: trains
+    assert int(new.step) == 1 and [int(x) for x in metrics["invalid"]] == [0, 0]

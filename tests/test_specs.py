@@ -26,6 +26,15 @@ def test_table_config_is_frozen_and_keyword_only():
         ({"name": "t", "vocab_size": 10, "dim": 0}, "table 't': dim must be >= 1, got 0"),
         ({"name": "t", "vocab_size": 10, "dim": 2.5}, "table 't': dim must be an int"),
         ({"name": "t", "vocab_size": 10, "dim": 4, "dtype": jnp.int32}, "float32 or bfloat16"),
+        (
+            {"name": "x" * 300, "vocab_size": 10, "dim": 4},
+            r"^table name 'x{40}\.\.\.' is too long: 300 characters, 300 as a checkpoint "
+            r"directory name .*; at most 200 are allowed$",
+        ),
+        (
+            {"name": "a/b" * 45, "vocab_size": 10, "dim": 4},
+            r"too long: 135 characters, 225 as a checkpoint directory name",
+        ),
     ],
 )
 def test_table_config_validation(kwargs, message):

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Callable
 
 __all__ = [
+    "INTERRUPTED",
     "CLIError",
     "OneLineParser",
     "check_writable_dir",
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 USAGE_ERROR = 2
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 
 
 class CLIError(Exception):
@@ -43,8 +45,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def guarded(run: Callable[[], int]) -> int:
-    """Runs `run()`; a user mistake becomes one `error:` line and exit code 2, and a closed
-    pipe (`embark-jax info | head`) a quiet exit."""
+    """Runs `run()`; a user mistake becomes one `error:` line and exit code 2, Ctrl-C one
+    `interrupted` line and exit code 130, and a closed pipe (`embark-jax info | head`) a
+    quiet exit."""
     from embark_jax.core.plan import PlanError
     from embark_jax.planner import PlannerError
 
@@ -55,6 +58,10 @@ def guarded(run: Callable[[], int]) -> int:
         _flush_quietly()
         print(f"error: {e}", file=sys.stderr, flush=True)
         return USAGE_ERROR
+    except KeyboardInterrupt:  # Ctrl-C outside training (which reports its own step)
+        _flush_quietly()
+        print("interrupted", file=sys.stderr, flush=True)
+        return INTERRUPTED
     except BrokenPipeError:
         # the reader went away: send the rest to /dev/null so the interpreter's own final
         # flush does not raise again, and exit quietly

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 
@@ -88,12 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if os.environ.get("EMBARK_LAUNCHER_PID"):  # started by `launch`: die with the launcher
+        from embark_jax.training.distributed import die_with_launcher
+
+        die_with_launcher()
     return guarded(lambda: _run(argv))
 
 
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for the resume hint
     if args.command == "demo":
         from embark_jax.cli.demo import run_demo
 
@@ -108,6 +114,7 @@ def _run(argv: list[str] | None) -> int:
         rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
         if not rest:
             parser.error("launch needs a command after --, e.g. -- train --steps 10")
+        _check_launched(parser, rest)
         return _launch(rest, args)
     elif args.command in ("plan", "simulate"):
         from embark_jax.cli import plan as plan_cli
@@ -154,6 +161,18 @@ class _QuietLines:
 
     def __getattr__(self, name):
         return getattr(self.out, name)
+
+
+def _check_launched(parser: argparse.ArgumentParser, rest: list[str]) -> None:
+    """The launched command's flags (and, for `train`, the checks that need no devices),
+    checked once here: a mistake is one `error:` line, not one per process."""
+    inner = parser.parse_args(rest)
+    if inner.command == "launch":
+        parser.error("launch cannot launch itself; give the command to run, e.g. -- train")
+    if inner.command == "train":
+        from embark_jax.cli.train import DEFAULT_BATCH, check_args
+
+        check_args(inner, DEFAULT_BATCH)
 
 
 def _launch(rest: list[str], args) -> int:

@@ -7,10 +7,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
+import signal
 import sys
+import threading
 import time
+import warnings
 
-from embark_jax.cli.errors import CLIError, make_parent
+from embark_jax.cli.errors import INTERRUPTED, CLIError, make_parent
 from embark_jax.cli.train_args import (  # noqa: F401  (re-exported for the CLI front)
     DEFAULT_BATCH,
     OPTIMIZERS,
@@ -31,6 +35,7 @@ def _datasets(args, config, say):
 
         ds = SyntheticDataset(config, batch_size=args.batch_size, seed=args.seed)
         return ds, [ds.batch(10**7 + i) for i in range(args.eval_batches)]
+    from embark_jax.data.batch import DataError
     from embark_jax.data.criteo import CriteoMultiHot, CriteoTSV
 
     reader = CriteoTSV if kind == "criteo-tsv" else CriteoMultiHot
@@ -46,14 +51,17 @@ def _datasets(args, config, say):
         raise CLIError(f"--data {args.data}: {e}") from None
     say(f"data: {ds.num_samples} samples from {args.data}; {ds.describe_bad_rows()}")
     held = args.eval_batches * args.batch_size
-    if ds.num_samples >= 2 * held:
-        train, held_out = ds.split(held)
-        say(f"evaluating on the last {held} samples (held out from training)")
-        evals = [held_out.batch(i) for i in range(args.eval_batches)]
-        held_out.close()
-        return train, evals
-    say(f"only {ds.num_samples} samples: evaluating on training samples (nothing held out)")
-    return ds, [ds.batch(i) for i in range(args.eval_batches)]
+    try:
+        if ds.num_samples >= 2 * held:
+            train, held_out = ds.split(held)
+            say(f"evaluating on the last {held} samples (held out from training)")
+            evals = [held_out.batch(i) for i in range(args.eval_batches)]
+            held_out.close()
+            return train, evals
+        say(f"only {ds.num_samples} samples: evaluating on training samples (nothing held out)")
+        return ds, [ds.batch(i) for i in range(args.eval_batches)]
+    except DataError as e:
+        raise CLIError(_data_error(args, "evaluation batches", e)) from None
 
 
 def _sparse_optimizer(name: str, lr, schedule=None):
@@ -175,13 +183,19 @@ def _maybe_resume(args, runner, state, say):
 
     if not args.resume:
         return state, 0
-    if checkpoint.latest_step(args.checkpoint_dir) is None:
+    with warnings.catch_warnings(record=True) as caught:  # a damaged newest step: one line
+        warnings.simplefilter("always", UserWarning)
+        latest = checkpoint.latest_step(args.checkpoint_dir)
+        if latest is not None:
+            try:
+                state, meta = checkpoint.restore(args.checkpoint_dir, runner.setup)
+            except (ValueError, OSError) as e:  # a mismatch or a damaged checkpoint
+                raise CLIError(f"--resume from {args.checkpoint_dir}: {e}") from None
+    for text in dict.fromkeys(str(w.message) for w in caught):
+        say(f"warning: {text}")
+    if latest is None:
         say(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
         return state, 0
-    try:
-        state, meta = checkpoint.restore(args.checkpoint_dir, runner.setup)
-    except (ValueError, OSError) as e:  # a mismatch or a damaged checkpoint: one line
-        raise CLIError(f"--resume from {args.checkpoint_dir}: {e}") from None
     start = meta["data_position"]
     say(
         f"resumed from {meta['path']} (step {meta['step']}, saved with "
@@ -258,27 +272,168 @@ def _prepare(args):
     return multi, g, spec, ev, say, lead
 
 
+class _Position:
+    """The fit loop's position, for the messages of a run that stops early: `running` is
+    the data position of the step under way (or last begun), `done` the steps finished."""
+
+    def __init__(self, start: int):
+        self.running, self.done = start, 0
+
+    def on_step_start(self, step: int) -> None:
+        self.running = step
+
+    def on_step_end(self, step, state, result) -> None:
+        self.done += 1
+
+    def on_end(self, state) -> None:
+        pass
+
+
+class _Interrupted(KeyboardInterrupt):
+    """Ctrl-C taken at a step boundary: the steps before it, and their saves, are done."""
+
+
+class _StopAtStepBoundary:
+    """A fit callback that turns the first Ctrl-C into a stop before the next step, so the
+    step under way and its checkpoint finish (a `KeyboardInterrupt` in the middle of a save
+    left Orbax's writer threads failing at exit); a second Ctrl-C stops at once. With
+    several processes Ctrl-C stops at once: they could otherwise stop at different steps
+    and wait on each other's collectives."""
+
+    def __init__(self, enabled: bool):
+        self.requested = False
+        self._old = None
+        if enabled and threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handler)
+
+    def _handler(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(
+            "stopping after the step under way (Ctrl-C again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def restore(self) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None
+
+    def on_step_start(self, step: int) -> None:
+        if self.requested:
+            raise _Interrupted
+
+    def on_step_end(self, step, state, result) -> None:
+        pass
+
+    def on_end(self, state) -> None:
+        pass
+
+
+def _check_first_batch(args, runner, ds, start: int) -> None:
+    """Reads and checks the first training batch before anything is written, so that data
+    the model cannot take fails the command with nothing left behind."""
+    from embark_jax.data.batch import DataError
+
+    try:
+        runner.check_batch(ds.batch(start))
+    except DataError as e:
+        raise CLIError(_data_error(args, f"batch {start}", e)) from None
+
+
+def _data_error(args, where: str, e: Exception) -> str:
+    """A data error's line: the readers' messages name their source, others get --data."""
+    source = "" if str(e).startswith(args.data.partition(":")[0]) else f"--data {args.data}: "
+    return f"{where}: {source}{e}"
+
+
+def _resume_command(args) -> str:
+    argv = list(getattr(args, "argv", None) or sys.argv[1:])
+    if "--resume" not in argv:
+        argv.append("--resume")
+    return shlex.join([os.path.basename(sys.executable), "-m", "embark_jax", *argv])
+
+
+def _interrupted(args, position: _Position, start: int, callbacks) -> int:
+    """One line on stderr for a Ctrl-C during training: the last step done, the last
+    complete checkpoint and the command that resumes; exit code 130 (128 + SIGINT)."""
+    from embark_jax.training.checkpoint import CheckpointEvery
+
+    for cb in callbacks:  # an asynchronous save in flight completes; logs are flushed
+        try:
+            if isinstance(cb, CheckpointEvery):
+                cb.wait()
+            elif hasattr(cb, "close"):
+                cb.close()
+        except Exception:  # a failed save: the last complete checkpoint is reported below
+            pass
+    step = start + position.done
+    if not args.checkpoint_dir:
+        tail = "no checkpoint saved (no --checkpoint-dir); a rerun starts over"
+    else:
+        from embark_jax.training.checkpoint_dir import latest_step
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            last = latest_step(args.checkpoint_dir)
+        saved = f"step {last}" if last is not None else "none yet"
+        tail = (
+            f"last checkpoint {saved} in {args.checkpoint_dir}; resume with: "
+            f"{_resume_command(args)}"
+        )
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    print(f"interrupted at step {step}; {tail}", file=sys.stderr, flush=True)
+    return INTERRUPTED
+
+
 def run_train(args) -> int:
     multi, g, spec, ev, say, lead = _prepare(args)
     import jax
 
+    from embark_jax.data.batch import DataError
     from embark_jax.training.loop import fit
 
     config = spec.embedding_config()
     ds, eval_batches = _datasets(args, config, say)
+    runner, state = _build(args, config, ev.plan)
+    state, start = _maybe_resume(args, runner, state, say)
+    _check_first_batch(args, runner, ds, start)
     if lead and args.plan_out:
         ev.plan.to_json(make_parent(args.plan_out))
         say(f"wrote {args.plan_out}")
-    runner, state = _build(args, config, ev.plan)
-    state, start = _maybe_resume(args, runner, state, say)
     say(
         f"training {args.steps} steps, global batch {args.batch_size}, {g} devices on "
         f"{jax.process_count()} process(es), sparse {args.optimizer} lr {args.lr}"
     )
     t0 = time.perf_counter()
     callbacks, loggers = _callbacks(args, runner, start, lead)
-    state, summary = fit(runner, state, ds, args.steps, start=start, callbacks=callbacks)
-    ev_metrics = runner.evaluate(state, eval_batches)
+    position = _Position(start)
+    stopper = _StopAtStepBoundary(enabled=jax.process_count() == 1)
+    try:
+        state, summary = fit(
+            runner,
+            state,
+            ds,
+            args.steps,
+            start=start,
+            callbacks=[position, stopper, *callbacks],
+        )
+        ev_metrics = runner.evaluate(state, eval_batches)
+    except DataError as e:  # a bad value met during training: one line, nothing applied
+        where = f"batch {position.running} (step {position.running + 1})"
+        raise CLIError(_data_error(args, where, e)) from None
+    except KeyboardInterrupt:
+        stopper.restore()
+        if hasattr(ds, "close"):
+            ds.close()
+        return _interrupted(args, position, start, callbacks)
+    finally:
+        stopper.restore()
     for logger in loggers:
         prefix = "eval/" if hasattr(logger, "writer") else "eval_"
         logger.log_scalars(

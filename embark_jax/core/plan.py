@@ -237,7 +237,7 @@ class Plan:
         if not isinstance(text, str | bytes):
             raise TypeError(f"Plan.from_json takes JSON text, got {type(text).__name__}")
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             raise PlanError(f"plan is not valid JSON: {e}") from None
         return cls.from_dict(data)
@@ -284,6 +284,30 @@ class Plan:
         )
         auto = (jax.sharding.AxisType.Auto,) * len(shape)
         return jax.sharding.Mesh(arr.reshape(shape), self.axis_names, axis_types=auto)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict, refusing a key given twice (`json` keeps the last one
+    silently, so `"batch_size": 16, "batch_size": 24` would read as 24)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            keys = {k for k, _ in pairs}
+            names = [v for k, v in pairs if k == "name" and isinstance(v, str)]
+            if names:
+                where = f"table {names[0]!r}"
+            elif keys & {"format", "tables", "batch_size"}:
+                where = "the plan"
+            elif keys & set(_TOPOLOGY_KEYS):
+                where = "the plan topology"
+            else:
+                where = "an object"
+            raise PlanError(
+                f"plan JSON: key {key!r} is given twice in {where} "
+                f"({out[key]!r} and {value!r}); give it once"
+            )
+        out[key] = value
+    return out
 
 
 def _validate_table(t: TablePlan, num_devices: int) -> None:

@@ -21,10 +21,28 @@ __all__ = [
     "FeatureConfig",
     "TableConfig",
     "as_dtype",
+    "table_dirname",
 ]
 
 # `init(key, shape, dtype) -> array`: a JAX PRNG key in, a JAX array out.
 Initializer = Callable[[Any, tuple[int, ...], Any], Any]
+
+
+# The longest `table_dirname` a table may have: checkpoints store each table in a directory
+# of that name, and Orbax writes it first under the name plus ".orbax-checkpoint-tmp-" and a
+# timestamp, all within the file systems' 255 bytes per name.
+MAX_TABLE_DIRNAME = 200
+
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def table_dirname(name: str) -> str:
+    """A table name as one safe path component (letters, digits, `_`, `-` kept; every other
+    byte of its UTF-8 form written `%XX`): `../x` -> `%2E%2E%2Fx`."""
+    out = "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode()) for c in name)
+    if not out:
+        raise ValueError("a table name must not be empty")
+    return out
 
 
 def as_dtype(dtype: Any) -> np.dtype:
@@ -116,6 +134,14 @@ class TableConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"table name must be a non-empty string, got {self.name!r}")
+        path = len(table_dirname(self.name))
+        if path > MAX_TABLE_DIRNAME:
+            short = self.name if len(self.name) <= 40 else f"{self.name[:40]}..."
+            raise ValueError(
+                f"table name {short!r} is too long: {len(self.name)} characters, {path} as "
+                f"a checkpoint directory name (a character other than a letter, digit, _ or - "
+                f"takes 3 per UTF-8 byte); at most {MAX_TABLE_DIRNAME} are allowed"
+            )
         if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int | np.integer):
             raise ValueError(
                 f"table {self.name!r}: vocab_size must be an int, got {self.vocab_size!r}"

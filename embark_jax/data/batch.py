@@ -12,7 +12,14 @@ import numpy as np
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import SparseFeatures
 
-__all__ = ["Batch"]
+__all__ = ["Batch", "DataError"]
+
+
+class DataError(ValueError):
+    """Input data the model cannot take: a batch, or the file it was read from, holds a bad
+    value (a label that is not 0 or 1, a dense feature that is not a finite number, an id
+    out of range, a file changed or cut short). The message names the value and where it
+    is (the feature, sample, file, row); the command line prints it as one `error:` line."""
 
 
 @jax.tree_util.register_dataclass
@@ -33,31 +40,49 @@ class Batch:
         return int(labels[0]) if labels else 0
 
     def validate(self, config: EmbeddingConfig, *, num_devices: int, num_dense: int) -> None:
-        """Host-side checks of a training batch; a `ValueError` naming what is wrong."""
+        """Host-side checks of a training batch; a `DataError` (a `ValueError`) naming what
+        is wrong: the value and its sample (and feature) where it is one value."""
+        try:
+            self._validate(config, num_devices, num_dense)
+        except DataError:
+            raise
+        except ValueError as e:  # the sparse features' checks
+            raise DataError(str(e)) from None
+
+    def _validate(self, config: EmbeddingConfig, num_devices: int, num_dense: int) -> None:
         labels = np.asarray(self.labels)
         b = self.batch_size
         if b == 0:
-            raise ValueError("empty batch: no samples")
+            raise DataError("empty batch: no samples")
         if b % num_devices:
-            raise ValueError(f"batch size {b} is not a multiple of the {num_devices} devices")
-        if labels.shape != (b,) or not np.all((labels == 0) | (labels == 1)):
-            raise ValueError(f"labels must be [B] zeros and ones, got shape {labels.shape}")
+            raise DataError(f"batch size {b} is not a multiple of the {num_devices} devices")
+        if labels.shape != (b,) or not np.issubdtype(labels.dtype, np.number):
+            raise DataError(f"labels must be [B] zeros and ones, got {labels.dtype} {labels.shape}")
+        bad = np.flatnonzero(~((labels == 0) | (labels == 1)))
+        if bad.size:
+            i = int(bad[0])
+            raise DataError(f"labels must be 0 or 1: label {labels[i]} at sample {i}")
         dense = np.asarray(self.dense)
         if dense.shape != (b, num_dense):
-            raise ValueError(f"dense features must be [{b}, {num_dense}], got {dense.shape}")
-        if not np.issubdtype(dense.dtype, np.number) or not np.all(np.isfinite(dense)):
-            bad = np.argwhere(~np.isfinite(dense.astype(np.float64)))
-            pos = tuple(int(i) for i in bad[0]) if len(bad) else ()
-            raise ValueError(f"dense features must be finite numbers; bad value at {pos}")
+            raise DataError(f"dense features must be [{b}, {num_dense}], got {dense.shape}")
+        if not np.issubdtype(dense.dtype, np.number):
+            raise DataError(f"dense features must be finite numbers, got dtype {dense.dtype}")
+        finite = np.isfinite(dense)
+        if not finite.all():
+            i, j = (int(k) for k in np.argwhere(~finite)[0])
+            raise DataError(
+                f"dense features must be finite numbers: {dense[i, j]} at sample {i}, "
+                f"dense feature {j}"
+            )
         sparse = self.sparse
         missing = sorted({f.name for f in config.features} - set(sparse.ids))
         if missing:
-            raise ValueError(f"features {missing} are missing from the batch")
+            raise DataError(f"features {missing} are missing from the batch")
         if sparse.batch_size != b:
-            raise ValueError(f"sparse batch size {sparse.batch_size} != {b} labels")
+            raise DataError(f"sparse batch size {sparse.batch_size} != {b} labels")
         for f in config.features:
             if sparse.hotness(f.name) != f.max_hotness:
-                raise ValueError(
+                raise DataError(
                     f"feature {f.name!r}: ids are [B, {sparse.hotness(f.name)}], "
                     f"the step is compiled for max_hotness {f.max_hotness}"
                 )

@@ -24,7 +24,10 @@ at most 16 digits, any case). Any dense or categorical field may be empty (missi
 Random access uses an index of the good lines' byte offsets and lengths, built once by one
 pass over the file at construction (every process builds it: it is what tells which lines
 are samples); `index_cache=PATH` stores it and reuses it while the file's size and mtime are
-unchanged. Batches are read with `os.pread` (thread-safe).
+unchanged. Batches are read with `os.pread` (thread-safe) from the file as it was opened
+for indexing; each batch first checks that its size and mtime are those indexed, and a line
+that no longer parses is a `DataError` naming the file and the line: a file written to after
+it was indexed is refused, never read at stale offsets.
 
 **Multi-hot** (`CriteoMultiHot`, the MLPerf DLRMv2 preprocessed dataset, as TorchRec's
 `materialize_synthetic_multihot_dataset.py` writes it): a directory holding, per day X,
@@ -39,6 +42,10 @@ mapped `id mod vocab_size` of the feature's table (the files' ids are already be
 full-size vocabularies; the modulo matters for `-mini` presets and `--max-vocab`); a bag
 wider than the feature's `max_hotness` keeps its first `max_hotness` ids, a narrower one is
 padded; a negative id is treated as an empty slot and counted (`bad_rows["negative_id"]`).
+Labels and dense features are checked as a batch reads them: a label that is not 0 or 1, or
+a dense value that is not a finite float32 number, is a `DataError` naming the file, the row
+(within its day) and the value; a file shorter than its header says (truncated) is refused
+at construction, naming the file, the day and the feature.
 Uncompressed archive members and `.npy` files are memory-mapped (only the rows of a batch are
 read); a compressed member is loaded whole into memory.
 

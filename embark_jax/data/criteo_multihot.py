@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from embark_jax.core.specs import EmbeddingConfig
+from embark_jax.data.batch import DataError
 from embark_jax.data.criteo_base import NUM_CATEGORICAL, NUM_DENSE, CriteoBase
 from embark_jax.data.sparse import PAD
 
@@ -30,6 +31,18 @@ def _npy_header(fh):
     if version not in readers:
         return None
     return readers[version](fh)
+
+
+def _load_npy(path: str, where: str) -> np.ndarray:
+    """A `.npy` file memory-mapped, or a `ValueError` naming `where` (day, feature) and the
+    file: a truncated file is "mmap length is greater than file size" to numpy."""
+    try:
+        return np.load(path, mmap_mode="r")
+    except (OSError, ValueError, EOFError) as e:
+        reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
+        if "mmap length is greater than file size" in reason:
+            reason = "shorter than its header says (truncated?)"
+        raise ValueError(f"{where}: {path}: {reason}") from None
 
 
 def _npz_members(path: str) -> dict[str, np.ndarray]:
@@ -53,9 +66,14 @@ def _npz_members(path: str) -> dict[str, np.ndarray]:
                     out[key] = z[key]
                 continue
             shape, fortran, dtype = header
-            out[key] = np.memmap(
-                path, dtype, "r", offset=fh.tell(), shape=shape, order="F" if fortran else "C"
-            )
+            try:
+                out[key] = np.memmap(
+                    path, dtype, "r", offset=fh.tell(), shape=shape, order="F" if fortran else "C"
+                )
+            except ValueError as e:  # the member runs past the end of the archive
+                raise ValueError(
+                    f"member {info.filename} is shorter than its header says (truncated?): {e}"
+                ) from None
     return out
 
 
@@ -93,6 +111,7 @@ class CriteoMultiHot(CriteoBase):
         if not self.days:
             raise ValueError(f"{self._what}: no day_X_labels.npy files")
         self._labels_by_day, self._dense, self._sparse = [], [], []
+        self._day_files: list[tuple[str, str]] = []  # (labels file, dense file) per day
         for d in self.days:
             self._open_day(d)
         sizes = [len(x) for x in self._labels_by_day]
@@ -105,11 +124,8 @@ class CriteoMultiHot(CriteoBase):
 
     def _open_day(self, d: int) -> None:
         where = f"{self._what} day {d}"
-        try:
-            labels = np.load(self._file(f"day_{d}_labels.npy"), mmap_mode="r")
-            dense = np.load(self._file(f"day_{d}_dense.npy"), mmap_mode="r")
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{where}: {e}") from None
+        labels = _load_npy(self._file(f"day_{d}_labels.npy"), f"{where} labels")
+        dense = _load_npy(self._file(f"day_{d}_dense.npy"), f"{where} dense features")
         if labels.ndim == 2 and labels.shape[1] == 1:
             labels = labels[:, 0]
         n = labels.shape[0]
@@ -121,8 +137,8 @@ class CriteoMultiHot(CriteoBase):
         unpacked = self._file(f"day_{d}_sparse_multi_hot_unpacked")
         if os.path.isdir(unpacked):
             sparse = {
-                n_[:-4]: np.load(os.path.join(unpacked, n_), mmap_mode="r")
-                for n_ in os.listdir(unpacked)
+                n_[:-4]: _load_npy(os.path.join(unpacked, n_), f"{where} sparse feature {n_[:-4]}")
+                for n_ in sorted(os.listdir(unpacked))
                 if n_.endswith(".npy")
             }
         elif os.path.exists(npz):
@@ -148,6 +164,42 @@ class CriteoMultiHot(CriteoBase):
         self._labels_by_day.append(labels)
         self._dense.append(dense)
         self._sparse.append(cols)
+        self._day_files.append(
+            (self._file(f"day_{d}_labels.npy"), self._file(f"day_{d}_dense.npy"))
+        )
+
+    def _checked_labels(self, d: int, rows: np.ndarray) -> np.ndarray:
+        """Labels of day index `d`'s `rows`, or a `DataError` naming the file, row and value
+        of one that is not 0 or 1."""
+        labels = np.asarray(self._labels_by_day[d][rows])
+        bad = np.flatnonzero(~((labels == 0) | (labels == 1)))
+        if bad.size:
+            i = int(bad[0])
+            raise DataError(
+                f"{self._what} day {self.days[d]}: {self._day_files[d][0]} row {int(rows[i])}: "
+                f"label {labels[i]} is not 0 or 1"
+            )
+        return labels
+
+    def _checked_dense(self, d: int, rows: np.ndarray) -> np.ndarray:
+        """Dense features of day index `d`'s `rows` as float32, or a `DataError` naming the
+        file, row, feature and value of one that is not a finite float32 number."""
+        raw = np.asarray(self._dense[d][rows])
+        if not np.issubdtype(raw.dtype, np.number):
+            raise DataError(
+                f"{self._what} day {self.days[d]}: {self._day_files[d][1]}: dense features "
+                f"must be numbers, got dtype {raw.dtype}"
+            )
+        with np.errstate(over="ignore", invalid="ignore"):
+            dense = raw.astype(np.float32)
+        finite = np.isfinite(dense)
+        if not finite.all():
+            i, j = (int(k) for k in np.argwhere(~finite)[0])
+            raise DataError(
+                f"{self._what} day {self.days[d]}: {self._day_files[d][1]} row {int(rows[i])}: "
+                f"dense feature {j} is {raw[i, j]}, not a finite float32 number"
+            )
+        return dense
 
     def _locate(self, samples: np.ndarray):
         day = np.searchsorted(self._starts, samples, side="right") - 1
@@ -162,8 +214,8 @@ class CriteoMultiHot(CriteoBase):
         for d in np.unique(day):
             mask = day == d
             rows = local[mask]
-            labels[mask] = self._labels_by_day[d][rows]
-            dense[mask] = self._dense[d][rows]
+            labels[mask] = self._checked_labels(d, rows)
+            dense[mask] = self._checked_dense(d, rows)
             for j, col in enumerate(self._sparse[d]):
                 h = self._features[j].max_hotness
                 x = np.asarray(col[rows, :h], np.int64)
@@ -183,5 +235,5 @@ class CriteoMultiHot(CriteoBase):
         out = np.empty(len(samples), np.float32)
         for d in np.unique(day):
             mask = day == d
-            out[mask] = self._labels_by_day[d][local[mask]]
+            out[mask] = self._checked_labels(d, local[mask])
         return out

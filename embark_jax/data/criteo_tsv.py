@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from embark_jax.core.specs import EmbeddingConfig
+from embark_jax.data.batch import DataError
 from embark_jax.data.criteo_base import (
     NUM_CATEGORICAL,
     NUM_DENSE,
@@ -60,14 +61,46 @@ class CriteoTSV(CriteoBase):
         )
         self.path = str(path)
         self._what = f"criteo-tsv {self.path}"
+        self._index_cache = index_cache
+        self._handle = _Fd(self.path)  # before indexing: what is indexed is what is read
+        self._stamp = self._file_stamp()
         self._offsets, self._lengths, self._all_labels = self._index(index_cache)
         self._range = (0, len(self._offsets))
-        self._handle = _Fd(self.path)
         self._check_nonempty(self._what)
 
+    def _file_stamp(self) -> np.ndarray:
+        """(size, mtime in ns) of the open file: the index holds while they do."""
+        st = os.fstat(self._handle.fd)
+        return np.array([st.st_size, st.st_mtime_ns], np.int64)
+
+    def _check_unchanged(self) -> None:
+        """A `DataError` when the file was written to after it was indexed: the offsets
+        would then point into other lines, or past its end."""
+        now = self._file_stamp()
+        if not np.array_equal(now, self._stamp):
+            size = (
+                f"size {int(self._stamp[0])} -> {int(now[0])} bytes"
+                if now[0] != self._stamp[0]
+                else "modified"
+            )
+            raise DataError(
+                f"{self._what}: the file changed after it was indexed ({size}); restart to "
+                "index it again"
+            )
+
+    def _line_number(self, offset: int) -> int:
+        """The 1-based line that starts at byte `offset` (newlines before it, counted)."""
+        count, pos, chunk = 0, 0, 1 << 24
+        while pos < offset:
+            buf = os.pread(self._handle.fd, min(chunk, offset - pos), pos)
+            if not buf:
+                break
+            count += buf.count(b"\n")
+            pos += len(buf)
+        return count + 1
+
     def _index(self, cache: str | None):
-        st = os.stat(self.path)
-        stamp = np.array([st.st_size, st.st_mtime_ns], np.int64)
+        stamp = self._stamp
         if cache and os.path.exists(cache):
             with np.load(cache) as z:
                 if np.array_equal(z["stamp"], stamp):
@@ -80,7 +113,7 @@ class CriteoTSV(CriteoBase):
                     return z["offsets"], z["lengths"], z["labels"]
         offsets, lengths, labels = [], [], []
         pos = 0
-        with open(self.path, "rb") as fh:
+        with os.fdopen(os.dup(self._handle.fd), "rb") as fh:
             for lineno, line in enumerate(fh, 1):
                 if not TSV_LINE.fullmatch(line):
                     try:
@@ -129,12 +162,23 @@ class CriteoTSV(CriteoBase):
         return out
 
     def _read(self, samples):
+        self._check_unchanged()
         k = len(samples)
         labels = np.empty(k, np.float32)
         raw_dense = np.empty((k, NUM_DENSE), np.int64)
         raw_cats = np.empty((k, NUM_CATEGORICAL), np.uint64)
         for i, line in enumerate(self._lines(samples)):
-            labels[i], raw_dense[i], raw_cats[i] = parse_tsv_line(line)
+            try:
+                labels[i], raw_dense[i], raw_cats[i] = parse_tsv_line(line)
+            except BadRow as e:  # it parsed when indexed: the file changed since
+                self._check_unchanged()
+                where = self._line_number(int(self._offsets[samples[i]]))
+                cache = self._index_cache
+                hint = f"; delete the index cache {cache}" if cache else ""
+                raise DataError(
+                    f"{self._what}: line {where} is no longer a valid sample ({e}): the file "
+                    f"changed after it was indexed; restart to index it again{hint}"
+                ) from None
         ids = {}
         for j, f in enumerate(self._features):
             col = (raw_cats[:, j] % np.uint64(self._vocab[j])).astype(np.int64)

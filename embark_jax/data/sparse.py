@@ -9,8 +9,9 @@ Per feature:
 
 All constructors validate on the host, before anything reaches a device: non-integer ids,
 negative ids, ids >= vocab_size, bags longer than `max_hotness`, lengths that disagree with
-the ids, and NaN/inf weights each raise a `ValueError` naming the feature and the offending
-value and position.
+the ids, NaN/inf weights, a ragged nested list, and a weighted `mean` / `sqrtn` bag whose
+denominator is below `MIN_POOL_DENOMINATOR` (float32 would pool it to zeros) each raise a
+`ValueError` naming the feature and the offending value and position.
 
 Ids of 2**31 and above cannot be held by int32: without `jax_enable_x64` they raise a
 `ValueError` (never a silent wrap); with it, int64 ids stay int64.
@@ -40,7 +41,9 @@ class SparseFeatures:
     Build it with `from_dense`, `from_ragged` or `from_lengths`; the plain constructor does
     no validation (JAX uses it to rebuild the pytree). `EmbeddingCollection` checks such a
     hand-built batch's layout (`check_layout`) and the types of its host ids before it
-    reaches a device, and drops ids outside their table there (`sharding.bounds`).
+    reaches a device, and drops ids outside their table there (`sharding.bounds`). When JAX
+    flattens the batch (e.g. at a caller's own `jit`), host ids and lengths of a type JAX
+    could wrap are checked by value first (`_refuse_wrapping`).
     """
 
     ids: Mapping[str, jax.Array | np.ndarray]
@@ -282,8 +285,81 @@ class SparseFeatures:
             _check_lengths(name, self.lengths, rebuilt.lengths[name])
 
 
-jax.tree_util.register_dataclass(
-    SparseFeatures, data_fields=["ids", "lengths", "weights"], meta_fields=[]
+# --- the pytree: host ids that JAX would wrap are refused when it flattens the batch -------
+
+_FIELDS = ("ids", "lengths", "weights")
+_KEYS = tuple(jax.tree_util.GetAttrKey(f) for f in _FIELDS)
+
+
+def _wide_host_ints(x) -> np.ndarray | None:
+    """`x` as a numpy array when it is a host integer array (or a list of integers) whose
+    type may hold values that JAX's conversion would wrap: wider than the ids JAX holds
+    (int32, or int64 with `jax_enable_x64`), or unsigned of that width or more. None for
+    everything else (JAX arrays and tracers, narrow types, floats), which costs nothing."""
+    if isinstance(x, (list, tuple)):
+        if not x or any(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(x)):
+            return None
+        try:
+            x = np.asarray(x)
+        except (ValueError, OverflowError):  # ragged, or beyond int64: JAX refuses those
+            return None
+    if not isinstance(x, np.ndarray) or x.dtype.kind not in "iu" or not x.size:
+        return None
+    target = 8 if jax.config.jax_enable_x64 else 4
+    size = x.dtype.itemsize
+    if (x.dtype.kind == "i" and size <= target) or (x.dtype.kind == "u" and size < target):
+        return None
+    return x
+
+
+def _refuse_wrapping(sf: SparseFeatures) -> None:
+    """A one-line `ValueError` naming the feature, the value and its position when a host
+    id or length of `sf` lies outside the integers JAX holds. Runs whenever the batch is
+    flattened: a caller's own `jit` converts host arrays after flattening its arguments,
+    and with 64-bit types off it wraps an int64 id of 2**32 + 5 to 5, a valid row that no
+    later check could tell from a real one."""
+    bits = 64 if jax.config.jax_enable_x64 else 32
+    info = np.iinfo(np.int64 if bits == 64 else np.int32)
+    for what, field in (("id", sf.ids), ("length", sf.lengths)):
+        if not isinstance(field, Mapping):
+            continue
+        for name, value in field.items():
+            x = _wide_host_ints(value)
+            if x is None:
+                continue
+            lo, hi = x.min(), x.max()
+            if lo >= info.min and hi <= info.max:
+                continue
+            bad = hi if hi > info.max else lo
+            pos = tuple(int(i) for i in np.argwhere(x == bad)[0])
+            hint = (
+                "and JAX's 64-bit types are off (jax_enable_x64), so it would wrap to another "
+                "value; enable them or pass int32 values"
+                if bits == 32
+                else ", the widest integers JAX holds"
+            )
+            raise ValueError(
+                f"feature {name!r}: {what} {int(bad)} at position {pos} is outside "
+                f"int{bits} {hint}".replace(" ,", ",")
+            )
+
+
+def _flatten(sf: SparseFeatures):
+    _refuse_wrapping(sf)
+    return (sf.ids, sf.lengths, sf.weights), None
+
+
+def _flatten_with_keys(sf: SparseFeatures):
+    _refuse_wrapping(sf)
+    return tuple(zip(_KEYS, (sf.ids, sf.lengths, sf.weights), strict=True)), None
+
+
+def _unflatten(_aux, children) -> SparseFeatures:
+    return SparseFeatures(*children)
+
+
+jax.tree_util.register_pytree_with_keys(
+    SparseFeatures, _flatten_with_keys, _unflatten, flatten_func=_flatten
 )
 
 
@@ -345,8 +421,31 @@ def _check_batch(name: str, b: int, batch: int | None) -> int:
     return b
 
 
+def _rectangular(name: str, what: str, raw) -> np.ndarray:
+    """`raw` as a numpy array; a ragged nested list is a one-line `ValueError` naming the
+    feature and the first row whose length differs from the first row's."""
+    try:
+        return np.asarray(raw)
+    except ValueError:  # numpy: "setting an array element with a sequence"
+        rows = list(raw) if isinstance(raw, (list, tuple)) else []
+        sizes = [len(r) if hasattr(r, "__len__") else None for r in rows]
+        bad = next((i for i, n in enumerate(sizes) if n != sizes[0]), None)
+
+        def count(i: int) -> str:
+            return "a single value" if sizes[i] is None else f"{sizes[i]} {what}"
+
+        if bad is None:
+            detail = "its rows are not all of one shape"
+        else:
+            detail = f"sample {bad} has {count(bad)}, sample 0 {count(0)}"
+        raise ValueError(
+            f"feature {name!r}: {what} are not a rectangular [B, H] array ({detail}); "
+            "SparseFeatures.from_ragged takes rows of different lengths"
+        ) from None
+
+
 def _as_int_array(name: str, raw) -> np.ndarray:
-    arr = np.asarray(raw)
+    arr = _rectangular(name, "ids", raw)
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"feature {name!r}: ids must be an integer array, got dtype {arr.dtype}")
     if np.issubdtype(arr.dtype, np.unsignedinteger):
@@ -369,7 +468,7 @@ def _check_weight_dtype(name: str, dt: np.dtype) -> None:
 
 
 def _as_weight_array(name: str, raw, shape) -> np.ndarray:
-    w = np.asarray(raw)
+    w = _rectangular(name, "weights", raw)
     _check_weight_dtype(name, w.dtype)
     if w.shape != tuple(shape):
         raise ValueError(f"feature {name!r}: weights shape {w.shape} != ids shape {tuple(shape)}")
@@ -383,18 +482,37 @@ def _check_finite(name: str, w: np.ndarray, valid: np.ndarray) -> None:
         raise ValueError(f"feature {name!r}: weight {w[pos]} at position {pos} is not finite")
 
 
-def _check_mean_weights(name: str, combiner, w, valid: np.ndarray) -> None:
-    """A `mean` bag divides by the sum of its weights: a non-empty bag whose weights sum to
-    zero or less has no mean (the kernels would return 0), so it is refused here."""
-    if w is None or combiner is not Combiner.MEAN:
+# The least denominator a weighted `mean` or `sqrtn` bag may have: its weight sum (mean) or
+# the root of its squared weights' sum (sqrtn). The kernels compute in float32 and flush
+# results below float32's smallest normal number (2**-126) to zero, so a smaller denominator
+# pooled to zeros (weights [1e-45] gave a zero vector, not the row; sqrtn weights [1e-19]
+# too). From 2**-60 up, a flushed product w * row changes the pooled value by less than
+# 2**-66 per id, and the denominator itself is a normal number.
+MIN_POOL_DENOMINATOR = 2.0**-60
+
+
+def _check_pool_weights(name: str, combiner, w, valid: np.ndarray) -> None:
+    """A `mean` bag divides by the sum of its weights, a `sqrtn` bag by the root of the sum
+    of their squares. A non-empty mean bag whose weights sum to less than
+    `MIN_POOL_DENOMINATOR` (zero or less: no mean at all), or a sqrtn bag with a non-zero
+    weight whose norm is below it, would pool to zeros in float32, so it is refused."""
+    if w is None or combiner not in (Combiner.MEAN, Combiner.SQRTN):
         return
-    sums = np.where(valid, w, 0.0).sum(axis=1)
-    bad = valid.any(axis=1) & (sums <= 0)
+    w64 = np.where(valid, np.asarray(w, np.float64), 0.0)
+    if combiner is Combiner.MEAN:
+        den = w64.sum(axis=1)
+        bad = valid.any(axis=1) & ~(den >= MIN_POOL_DENOMINATOR)
+        what = "weights sum to"
+    else:
+        den = np.sqrt(np.square(w64).sum(axis=1))
+        bad = (den > 0) & (den < MIN_POOL_DENOMINATOR)
+        what = "weights' root sum of squares is"
     if bad.any():
         b = int(np.argmax(bad))
         raise ValueError(
-            f"feature {name!r}: sample {b}'s weights sum to {float(sums[b])}; a mean combiner "
-            "needs a positive weight sum for every non-empty bag"
+            f"feature {name!r}: sample {b}'s {what} {float(den[b]):.7g}; a {combiner.value} "
+            f"combiner needs at least 2**-60 (about {MIN_POOL_DENOMINATOR:.2g}) for every "
+            "non-empty bag (float32 pools a smaller one to zeros)"
         )
 
 
@@ -414,7 +532,7 @@ def _finish(name, packed, lengths, w, config):
                 f"feature {name!r}: sample {b} has {int(lengths[b])} ids, above max_hotness "
                 f"{fc.max_hotness}"
             )
-        _check_mean_weights(name, fc.combiner, w, valid)
+        _check_pool_weights(name, fc.combiner, w, valid)
         too_big = valid & (packed >= table.vocab_size)
         if too_big.any():
             pos = tuple(int(i) for i in np.argwhere(too_big)[0])

@@ -20,7 +20,8 @@ it reaches a device (`EmbeddingCollection.shard_batch`, `lookup`, `apply_gradien
 numpy ids of a type JAX does not hold (int64 or unsigned 32/64-bit with 64-bit types off)
 are converted by value, or refused with the feature's name and the id (`host_batch`), and
 its layout is checked: JAX itself would wrap an int64 id of 2**32 + 5 to row 5, which this
-check could not tell from a valid id. On the device, ids of a narrower type (int8, int16,
+check could not tell from a valid id. Under a caller's own `jit` the same refusal happens
+when JAX flattens the batch (`SparseFeatures`' pytree flatten), before it converts it. On the device, ids of a narrower type (int8, int16,
 uint8, uint16) are widened to int32, and uint32 ids without `jax_enable_x64` and uint64 ids
 are refused, as they could wrap.
 
@@ -45,10 +46,9 @@ __all__ = ["bounds_check", "host_batch", "invalid_mask"]
 def host_batch(batch: SparseFeatures) -> SparseFeatures:
     """`batch` as a device may take it: host ids converted by value (`host_id_array`), host
     lengths and weights given as lists made arrays. Device arrays, and tracers under the
-    caller's `jit`, are left as they are: JAX has already converted those (with 64-bit types
-    off it wraps a host int64 id at a `jit` boundary, before any code of ours runs; place
-    batches with `shard_batch` first). The layout is the caller's to check next
-    (`SparseFeatures.check_layout`)."""
+    caller's `jit`, are left as they are: JAX has already converted those (at a `jit`
+    boundary after flattening the batch, where `SparseFeatures` refuses host values that
+    would wrap). The layout is the caller's to check next (`SparseFeatures.check_layout`)."""
     ids = {n: host_id_array(f"feature {n!r}: ids", v) for n, v in batch.ids.items()}
     lengths = {n: _host_array(f"feature {n!r}: lengths", v) for n, v in batch.lengths.items()}
     weights = {n: _host_array(f"feature {n!r}: weights", v) for n, v in batch.weights.items()}

@@ -15,7 +15,8 @@ size involved:
 * `derive_capacities`: a plan whose `capacity_factor` / `unique_capacity` are sized from
   observed batches (jax-tpu-embedding's FDO is the anchor): count, on the host, what each
   device would send where, and size to the worst observed load times a margin.
-* `grow_capacities`: a plan with the capacities of overflowing tables doubled.
+* `grow_capacities`: a plan with the capacities of overflowing tables doubled: the slots
+  each could use in its group's bucket, padding included, so every growth enlarges it.
 
 Overflow is never silent: what does not fit is dropped, counted per table and reported.
 """
@@ -25,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,9 +35,7 @@ from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.plan import Cluster, Plan, TablePlan
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import SparseFeatures
-
-if TYPE_CHECKING:
-    from embark_jax.sharding.lowering import Group, Lowered
+from embark_jax.sharding.lowering import Group, Lowered, lower
 
 __all__ = [
     "DEFAULT_CAPACITY_FACTOR",
@@ -136,24 +134,80 @@ def _default_factor(tp: TablePlan, config: EmbeddingConfig | None, local_batch: 
     return max(DEFAULT_CAPACITY_FACTOR, math.ceil(effective * 1000) / 1000)
 
 
+def _available_slots(lowered: Lowered, local_batch: int, options: RuntimeOptions) -> dict[str, int]:
+    """Table -> the most bucket slots its requests to one of its shards may take: the
+    group's bucket (all tables of a group share one per destination) less what the other
+    tables' shards on that device are sized for. A table stacked with a larger one on
+    other devices gets the group's padding on top of its own capacity."""
+    hotness = {f.name: f.max_hotness for f in lowered.config.features}
+    out: dict[str, int] = {}
+    for group in lowered.groups:
+        if group.cluster is Cluster.DP:
+            continue
+        caps = {
+            t: table_capacity(lowered, t, local_batch, hotness, options).bucket
+            for t in group.tables
+        }
+        per_dst = [0] * lowered.num_devices
+        for s in group.shards:
+            per_dst[s.device] += caps[s.table]
+        bucket = max(1, max(per_dst))
+        for t in group.tables:
+            devices = {s.device for s in group.shards if s.table == t}
+            out[t] = max(bucket - per_dst[d] + caps[t] for d in devices)
+    return out
+
+
+def _request_slots(tp: TablePlan, config: EmbeddingConfig, local_batch: int) -> int:
+    """The request slots a table's factor is applied to on one device: `b * max_hotness`
+    over its features (RB), its dedup slots (UB)."""
+    n = sum(local_batch * f.max_hotness for f in config.features if f.table == tp.name)
+    if tp.cluster is Cluster.UB:
+        n = min(n, config.table_by_name[tp.name].vocab_size, tp.unique_capacity or n)
+    return n
+
+
 def grow_capacities(
     plan: Plan,
     tables: Iterable[str],
     options: RuntimeOptions,
     config: EmbeddingConfig | None = None,
+    lowered: Lowered | None = None,
 ) -> Plan:
-    """`plan` with the routing factor and the dedup capacity (when set) of `tables` doubled
-    (the overflow policy `grow`). The factor doubled is the one in effect; for a table on
-    the default sizing, the factor that sizing amounts to at the plan's batch (given the
-    `config`, else `DEFAULT_CAPACITY_FACTOR`), so growing never shrinks a bucket."""
+    """`plan` with the routing capacity and the dedup capacity (when set) of `tables`
+    doubled (the overflow policy `grow`).
+
+    Without `config` (or `lowered`), the factor in effect is doubled: for a table on the
+    default sizing, `DEFAULT_CAPACITY_FACTOR`. With it, every growth doubles what the table
+    could really use: the slots available to it in its group's bucket (`_available_slots`:
+    its own capacity plus the padding a larger table stacked with it leaves), so that each
+    step of growth enlarges the bucket that overflowed. Doubling the factor alone could
+    leave the bucket as it was: a table sized at 2 slots in a group whose bucket is 4 (for
+    another table's shard) still had 4 after its factor doubled. `lowered` (the plan lowered
+    with its optimizers, as the train step runs it) groups tables exactly; without it they
+    are grouped as `lower(plan, config)` does, by cluster, width and dtype."""
     grow = set(tables)
     local_batch = plan.batch_size // plan.topology.num_devices
+    if lowered is not None:
+        config = lowered.config
+        if lowered.plan != plan:
+            opts = {t: g.optimizer for g in lowered.groups for t in g.tables}
+            lowered = lower(plan, config, opts if None not in opts.values() else None)
+    elif config is not None:
+        lowered = lower(plan, config)
+    available = {} if lowered is None else _available_slots(lowered, local_batch, options)
     out = []
     for tp in plan.tables:
         if tp.name in grow and tp.cluster is not Cluster.DP:
             cf = 2.0 * (_factor(tp, options) or _default_factor(tp, config, local_batch))
             uc = None if tp.unique_capacity is None else 2 * tp.unique_capacity
-            tp = dataclasses.replace(tp, capacity_factor=cf, unique_capacity=uc)
+            tp = dataclasses.replace(tp, unique_capacity=uc)
+            if tp.name in available:
+                # the factor whose bucket holds twice the slots the table had
+                n = _request_slots(tp, config, local_batch)
+                need = 2 * available[tp.name] * tp.row_shards / max(n, 1)
+                cf = max(cf, math.ceil(need * 1000) / 1000)
+            tp = dataclasses.replace(tp, capacity_factor=cf)
         out.append(tp)
     return dataclasses.replace(plan, tables=tuple(out))
 

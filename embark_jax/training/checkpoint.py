@@ -14,7 +14,8 @@ Saves are atomic (also re-saving a step), `latest_step` is the last one committe
 pruning keeps the latest commits: see `embark_jax.training.checkpoint_dir`. A save refuses
 a state holding NaN or inf. Each table's meta.json entry records its dtype, optimizer, step
 and a fingerprint (CRC-32) of its data, so a restore into another optimizer or dtype, or
-from a table directory copied from another checkpoint, fails naming the table.
+from a table directory copied from another checkpoint, fails naming the table; the dense
+part (parameters, optax state, RNG key) has a fingerprint of its own (`dense_fingerprint`).
 `save_async` writes in a background thread from an on-device snapshot.
 
 Functions take a `TrainSetup` and a `TrainState` and never change the state they are given:
@@ -28,6 +29,7 @@ import os
 import shutil
 import threading
 import uuid
+import zlib
 from typing import Any
 
 import jax
@@ -148,6 +150,18 @@ def _dense_spec(tree: Any) -> dict[str, list]:
     return {jax.tree_util.keystr(k): [list(v.shape), str(v.dtype)] for k, v in leaves}
 
 
+def dense_fingerprint(tree: Any) -> str:
+    """A CRC-32 of the dense tree's bytes, leaf by leaf with its path, shape and dtype,
+    recorded in meta.json: a dense directory copied from another checkpoint (or damaged)
+    does not match. The leaves are replicated, so every process computes the same."""
+    crc = 0
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        v = np.ascontiguousarray(np.asarray(leaf))
+        crc = zlib.crc32(f"{jax.tree_util.keystr(path)}:{v.shape}:{v.dtype};".encode(), crc)
+        crc = zlib.crc32(v.view(np.uint8).reshape(-1) if v.size else b"", crc)
+    return f"{crc:08x}"
+
+
 def _optimizer_name(setup: TrainSetup, name: str) -> str | None:
     opt = setup.lowered.group_of(name).optimizer
     return type(opt).__name__ if opt else None
@@ -227,6 +241,7 @@ def save(
                 "data_position": data_position,
                 "plan": lowered.plan.to_dict(),
                 "dense": _dense_spec(_dense_tree(state)),
+                "dense_fingerprint": dense_fingerprint(_dense_tree(state)),
                 "tables": tables_meta,
             }
             commit(directory, tmp, final, meta, max_to_keep)
@@ -330,6 +345,12 @@ def _read_all(ckptr, setup: TrainSetup, meta: dict, path: str) -> tuple[Any, dic
     lowered = setup.lowered
     dense_dir = os.path.join(path, "dense")
     dense = _read(dense_dir, lambda: ckptr.restore(dense_dir, setup.dense_template), dense_dir)
+    saved = meta.get("dense_fingerprint")  # absent in checkpoints written before it
+    if saved is not None and dense_fingerprint(dense) != saved:
+        raise ValueError(
+            f"checkpoint {path}: {dense_dir} does not match the fingerprint recorded for step "
+            f"{meta['step']} (dense parameters copied from another checkpoint, or damaged)"
+        )
     tables = _empty_tables(setup)
     slots = init_slots(setup, tables)
     for tp in lowered.plan.tables:
@@ -427,6 +448,11 @@ class CheckpointEvery(CallbackBase):
         if self._pending is not None:
             self.last_saved = self._pending.wait()
             self._pending = None
+
+    def wait(self) -> None:
+        """Waits for an asynchronous save in flight (re-raising its error), e.g. when
+        training stops early; `last_saved` is then the newest complete save."""
+        self._settle()
 
     def on_end(self, state):
         self._settle()

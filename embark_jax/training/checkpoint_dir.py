@@ -21,7 +21,10 @@ Rules (docs/design.md §8, "Checkpoints"):
   commit, as is anything else found under such a name (a file; a link, never what it points
   to). An entry named `step_N` that is not a complete checkpoint (no `meta.json`: not one we
   wrote) is ignored, and replaced only when step N is saved (or its moved-aside copy is put
-  back). One save at a time per directory.
+  back). One save at a time per directory. A `step_N` holding a checkpoint's folders whose
+  meta.json is missing or unreadable (deleted or damaged after its commit) is skipped by
+  `latest_step` with a warning naming the step, not silently (an unreadable one with no
+  other checkpoint to take stays the latest: its restore fails naming the file).
 * **Table names** become one path component each (`table_dirname`): characters other than
   letters, digits, `_` and `-` are %-escaped, so no name can leave the checkpoint.
 """
@@ -36,6 +39,8 @@ import warnings
 from typing import Any
 
 import numpy as np
+
+from embark_jax.core.specs import table_dirname
 
 __all__ = [
     "FORMAT",
@@ -58,16 +63,6 @@ _PREFIX = "step_"
 
 def step_dir(directory: str, step: int) -> str:
     return os.path.join(directory, f"{_PREFIX}{step:08d}")
-
-
-def table_dirname(name: str) -> str:
-    """A table name as one safe path component (letters, digits, `_`, `-` kept; every other
-    byte of its UTF-8 form written `%XX`): `../x` -> `%2E%2E%2Fx`."""
-    keep = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-    out = "".join(c if c in keep else "".join(f"%{b:02X}" for b in c.encode()) for c in name)
-    if not out:
-        raise ValueError("a table name must not be empty")
-    return out
 
 
 def not_a_directory(path: str) -> bool:
@@ -191,10 +186,54 @@ def _by_commit_order(directory: str) -> list[tuple[int, str]]:
     return sorted(found.items(), key=lambda kv: (_sequence(kv[1]), kv[0]))
 
 
+def _damaged(directory: str) -> dict[int, tuple[str, str]]:
+    """step -> (path, what is wrong) of every `step_N` directory holding a checkpoint's
+    `dense/` or `tables/` folder whose meta.json is missing, or of any whose meta.json
+    cannot be read: a checkpoint of ours, damaged after its commit."""
+    if not os.path.isdir(directory):
+        return {}
+    out: dict[int, tuple[str, str]] = {}
+    for n in sorted(os.listdir(directory)):
+        num = n[len(_PREFIX) :]
+        path = os.path.join(directory, n)
+        if not n.startswith(_PREFIX) or not num.isdigit() or os.path.islink(path):
+            continue
+        meta = os.path.join(path, "meta.json")
+        if os.path.lexists(meta):
+            try:
+                read_json(meta)
+            except (OSError, ValueError):
+                out[int(num)] = (path, "its meta.json cannot be read (truncated?)")
+        elif any(os.path.isdir(os.path.join(path, d)) for d in ("dense", "tables")):
+            out[int(num)] = (path, "its meta.json is missing")
+    return out
+
+
 def latest_step(directory: str) -> int | None:
-    """The step of the most recently committed complete checkpoint (None if there is none)."""
-    order = _by_commit_order(directory)
-    return order[-1][0] if order else None
+    """The step of the most recently committed complete checkpoint (None if there is none).
+    A checkpoint whose meta.json was deleted or damaged after its commit cannot be ordered
+    or restored: it is skipped with a warning naming its step and the one taken instead
+    (falling back silently would resume an older step unnoticed). With no other checkpoint
+    to take, a damaged meta.json is still the latest, so that its restore fails naming the
+    file."""
+    found = _complete(directory)
+    damaged = {s: v for s, v in _damaged(directory).items() if found.get(s, v[0]) == v[0]}
+    everything = _by_commit_order(directory)
+    order = [(s, p) for s, p in everything if s not in damaged]
+    if not order and everything:  # nothing to fall back to: the damaged one, whose
+        order = everything[-1:]  # restore then fails naming its file
+        damaged.pop(order[0][0])
+    latest = order[-1][0] if order else None
+    for step, (path, why) in sorted(damaged.items()):
+        instead = (
+            f"the latest checkpoint is step {latest}"
+            if latest is not None
+            else "no other complete checkpoint is there"
+        )
+        warnings.warn(
+            f"checkpoint step {step} skipped: {why} ({path}); {instead}", UserWarning, stacklevel=2
+        )
+    return latest
 
 
 def resolve(directory: str, step: int) -> str | None:

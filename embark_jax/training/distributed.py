@@ -26,6 +26,7 @@ ENV_COORDINATOR = "EMBARK_COORDINATOR"
 ENV_NUM = "EMBARK_NUM_PROCESSES"
 ENV_ID = "EMBARK_PROCESS_ID"
 ENV_LOCAL = "EMBARK_LOCAL_DEVICES"
+ENV_LAUNCHER = "EMBARK_LAUNCHER_PID"  # set by `launch`: the children die with that process
 
 
 def free_port() -> int:
@@ -76,6 +77,7 @@ def _start(argv: list[str], nproc: int, devices_per_proc: int):
                 ENV_NUM: str(nproc),
                 ENV_ID: str(i),
                 ENV_LOCAL: str(devices_per_proc),
+                ENV_LAUNCHER: str(os.getpid()),
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -91,6 +93,45 @@ def _start(argv: list[str], nproc: int, devices_per_proc: int):
         procs.append(p)
         pumps.append(t)
     return procs, pumps
+
+
+def die_with_launcher() -> None:
+    """In a process `launch` started: asks Linux to kill it when the launcher dies
+    (`prctl(PR_SET_PDEATHSIG, SIGKILL)`), so a launcher killed with SIGKILL leaves no
+    process training on its own; exits at once if the launcher is already gone. Nothing
+    happens outside `launch` or off Linux."""
+    pid = os.environ.get(ENV_LAUNCHER)
+    if not pid or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    if str(os.getppid()) != pid:  # the launcher died before the request was made
+        os._exit(1)
+
+
+def _interrupt(procs, pumps, grace_s: float) -> int:
+    """Ctrl-C in the launcher: the processes get SIGINT (a terminal sends it to them as
+    well) and `grace_s` seconds to stop, then are killed; exit code 130."""
+    import signal
+
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    for t in pumps:
+        t.join(timeout=5)
+    print("launch: interrupted; every process stopped", flush=True)
+    return 130
 
 
 def launch(
@@ -114,24 +155,27 @@ def launch(
     start = time.monotonic()
     failed: tuple[int, int, float] | None = None  # (process, code, time)
     killed: list[int] = []
-    while True:
-        codes = [p.poll() for p in procs]
-        bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-        now = time.monotonic()
-        if bad and failed is None:
-            failed = (*bad[0], now)
-        if all(c is not None for c in codes):
-            break
-        if (failed is not None and now - failed[2] > grace_s) or (
-            timeout_s is not None and now - start > timeout_s
-        ):
-            killed = [i for i, p in enumerate(procs) if p.poll() is None]
-            for i in killed:
-                procs[i].kill()
-            for p in procs:
-                p.wait()
-            break
-        time.sleep(0.1)
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            now = time.monotonic()
+            if bad and failed is None:
+                failed = (*bad[0], now)
+            if all(c is not None for c in codes):
+                break
+            if (failed is not None and now - failed[2] > grace_s) or (
+                timeout_s is not None and now - start > timeout_s
+            ):
+                killed = [i for i, p in enumerate(procs) if p.poll() is None]
+                for i in killed:
+                    procs[i].kill()
+                for p in procs:
+                    p.wait()
+                break
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        return _interrupt(procs, pumps, grace_s)
     end = time.monotonic()
     for t in pumps:
         t.join(timeout=5)

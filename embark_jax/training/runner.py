@@ -254,7 +254,7 @@ class StepRunner:
         if grow and any(overflow.values()) and generation == self._generation:
             grown = [name for name, n in overflow.items() if n > 0]
             plan = grow_capacities(
-                self.setup.plan, grown, self.setup.options, config=self.setup.config
+                self.setup.plan, grown, self.setup.options, lowered=self.setup.lowered
             )
             self._compile(with_plan(self.setup, plan))
         if not status & self._halting or status == Refusal.HALTED:

@@ -14,6 +14,7 @@ accumulators), for checkpoint restores and single-table imports (`import_table`)
 from __future__ import annotations
 
 import functools
+import zipfile
 import zlib
 from typing import Any
 
@@ -241,29 +242,91 @@ def export_table(setup: TrainSetup, state: TrainState, name: str, path: str) -> 
         np.save(path, arrays["table"])
 
 
-def _load_npz(path: str, name: str) -> dict[str, Any]:
-    with np.load(path) as z:
-        if "table" not in z.files:
-            raise ValueError(f"table {name!r}: {path} has no array 'table'")
-        other = sorted(k for k in z.files if k != "table" and not k.startswith("slot_"))
-        if other:
-            raise ValueError(f"table {name!r}: {path} has unknown arrays {other}")
-        return {
-            "table": z["table"],
-            "slots": {k[5:]: z[k] for k in z.files if k.startswith("slot_")},
-        }
+def _read_error(name: str, path: str, e: BaseException) -> ValueError:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    if "Object arrays cannot be loaded" in first:
+        first = "it holds Python objects (dtype object), not numbers"
+    return ValueError(f"table {name!r}: cannot read {path}: {first}")
+
+
+def _load(path: str, name: str) -> dict[str, Any]:
+    """`{"table", "slots"}` from a `.npy` (the table) or `.npz` (`table`, `slot_<name>`),
+    or a one-line `ValueError` naming the table and the file: a missing, truncated or
+    non-NumPy file, an array of Python objects, an unknown array name."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(6)
+    except OSError as e:
+        raise ValueError(f"table {name!r}: cannot read {path}: {e.strerror or e}") from None
+    npz = path.endswith(".npz")
+    if npz and head[:2] != b"PK":
+        raise ValueError(f"table {name!r}: {path} is not an .npz archive (as np.savez writes)")
+    if not npz and head != b"\x93NUMPY":
+        raise ValueError(f"table {name!r}: {path} is not a .npy file (as np.save writes)")
+    try:
+        if not npz:
+            return {"table": np.load(path), "slots": {}}
+        with np.load(path) as z:
+            if "table" not in z.files:
+                raise ValueError(f"table {name!r}: {path} has no array 'table'")
+            other = sorted(k for k in z.files if k != "table" and not k.startswith("slot_"))
+            if other:
+                raise ValueError(f"table {name!r}: {path} has unknown arrays {other}")
+            return {
+                "table": z["table"],
+                "slots": {k[5:]: z[k] for k in z.files if k.startswith("slot_")},
+            }
+    except ValueError as e:
+        if str(e).startswith(f"table {name!r}: "):
+            raise
+        raise _read_error(name, path, e) from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise _read_error(name, path, e) from None
+
+
+def _check_import_dtypes(lowered: Lowered, name: str, arrays: dict[str, Any], path: str) -> None:
+    """A table and its float slots must be floats: an integer, boolean or complex array is
+    refused rather than cast (a restore converts no dtype either); a float of another
+    precision is rounded to the table's dtype, its values checked to fit (`check_arrays`).
+    An integer slot (Adam's `count`) must hold integers."""
+    want = np.dtype(jnp.dtype(lowered.group_of(name).dtype))
+    opt = lowered.group_of(name).optimizer
+    kinds = {}
+    if opt is not None:
+        init = jax.eval_shape(opt.init, jax.ShapeDtypeStruct((1, 1), jnp.float32))
+        kinds = {k: np.dtype(v.dtype) for k, v in zip(init._fields, init, strict=True)}
+    items = [("table", arrays["table"], want)]
+    items += [(f"slot {k!r}", v, kinds.get(k)) for k, v in sorted(arrays["slots"].items())]
+    for what, x, expected in items:
+        dt = np.asarray(x).dtype
+        if not (np.issubdtype(dt, np.number) or dt == np.bool_ or _is_float(dt)):
+            continue  # text and the like: check_arrays names them non-numeric
+        if expected is not None and np.issubdtype(expected, np.integer):
+            if np.issubdtype(dt, np.integer):
+                continue
+            raise ValueError(f"table {name!r}: {what} in {path} is {dt}, not integers")
+        if _is_float(dt):
+            continue
+        raise ValueError(
+            f"table {name!r}: {what} in {path} is {dt}, not floats; the table is {want} "
+            "(not converted: cast it to a float type first)"
+        )
 
 
 def import_table(setup: TrainSetup, state: TrainState, name: str, path: str) -> TrainState:
     """A new state with one table (e.g. pretrained embeddings) loaded from `.npy`/`.npz`;
-    slots found in an `.npz` are loaded too, others keep their values. Values are checked
-    first (`table_io.check_arrays`: shape, finite, in the table dtype's range, known slots
-    of the right shape, non-negative accumulators). The given state is not changed."""
+    slots found in an `.npz` are loaded too, others keep their values. Checked first, each
+    problem a one-line `ValueError` naming the table: a table the model does not have, a
+    file that cannot be read as NumPy data, integer or boolean arrays (floats of another
+    precision are rounded to the table's dtype), then the values (`check_arrays`: shape,
+    finite, in the table dtype's range, known slots of the right shape, non-negative
+    accumulators). The given state is not changed."""
     lowered = setup.lowered
-    if path.endswith(".npz"):
-        arrays = _load_npz(path, name)
-    else:
-        arrays = {"table": np.load(path), "slots": {}}
+    known = [tp.name for tp in lowered.plan.tables]
+    if name not in known:
+        raise ValueError(f"import_table: unknown table {name!r}; the model's tables: {known}")
+    arrays = _load(str(path), name)
+    _check_import_dtypes(lowered, name, arrays, str(path))
     check_arrays(lowered, name, arrays, partial=True)
     current = table_arrays(lowered, name, state.tables, state.slots)
     arrays["slots"] = {**current["slots"], **arrays["slots"]}
