@@ -46,13 +46,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-
-import jax
 import json
 import os
 import statistics
 import sys
 import time
+
+import jax
 
 SCHEMA = "embark_jax.gpu_step/1"
 # The dense net of the embedding-only step: the embedding outputs still reach a loss.
