@@ -283,3 +283,59 @@ def test_capacities_derived_from_observed_batches_remove_overflow():
     assert int(res.overflow["rw"]) == 0
     want = collection_ref.forward(config, coll.full_tables(), batch)
     np.testing.assert_allclose(np.asarray(res.outputs["f"]), want["f"], rtol=1e-5, atol=1e-5)
+
+
+def _snapshot(coll):
+    return [
+        np.asarray(x).tobytes()
+        for x in jax.tree.leaves((coll.buffer_values(), coll.state_values()))
+    ]
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+def test_non_finite_gradients_are_refused_and_nothing_changes(poison):
+    """Transactional `apply_gradients`: one NaN/inf gradient element (of any feature, any
+    cluster) refuses the whole update on every device; tables and slots keep their bits,
+    the updates-applied counter does not move, and the next finite update applies."""
+    from embark_jax.sharding.checks import NonFiniteUpdateError
+
+    plan = mixed_plan()
+    coll = EmbeddingCollection(
+        CONFIG, plan, plan.make_mesh(), rngs=nnx.Rngs(0), optimizer=O.Adagrad(learning_rate=0.1)
+    )
+    batch = make_batch(3)
+    res = coll.lookup(batch)
+    before = _snapshot(coll)
+    grads = {k: jnp.ones_like(v) for k, v in res.outputs.items()}
+    grads["f_ub"] = grads["f_ub"].at[2, 1].set(poison)
+    with pytest.raises(NonFiniteUpdateError, match="nothing was applied"):
+        coll.apply_gradients(res, grads, batch)
+    assert _snapshot(coll) == before
+    assert int(coll.rounding.get_value()[-1]) == 0
+    good = {k: jnp.ones_like(v) for k, v in res.outputs.items()}
+    assert bool(coll.apply_gradients(res, good))
+    assert _snapshot(coll) != before and int(coll.rounding.get_value()[-1]) == 1
+
+
+def test_apply_gradients_names_a_misshapen_gradient_and_a_foreign_batch():
+    """A gradient of the wrong shape or for an unknown/missing feature, and a result applied
+    with another batch's ids, are one-line errors naming the feature; nothing is applied."""
+    plan = mixed_plan()
+    coll = EmbeddingCollection(
+        CONFIG, plan, plan.make_mesh(), rngs=nnx.Rngs(0), optimizer=O.SGD(learning_rate=0.1)
+    )
+    batch = make_batch(4)
+    res = coll.lookup(batch)
+    before = _snapshot(coll)
+    grads = {k: jnp.ones_like(v) for k, v in res.outputs.items()}
+    bad = dict(grads, f_cw=jnp.ones((B, 8)))  # f_cw's table has dim 16
+    with pytest.raises(ValueError, match=r"feature 'f_cw': gradient of shape \(16, 8\)"):
+        coll.apply_gradients(res, bad, batch)
+    missing = {k: v for k, v in grads.items() if k != "f_rw"}
+    with pytest.raises(ValueError, match=r"missing \['f_rw'\]"):
+        coll.apply_gradients(res, missing)
+    with pytest.raises(ValueError, match=r"feature '.*': the batch's ids are not the ones"):
+        coll.apply_gradients(res, grads, make_batch(5))
+    assert _snapshot(coll) == before
+    coll.apply_gradients(res, grads)  # the result's own batch by default
+    assert _snapshot(coll) != before

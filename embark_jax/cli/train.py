@@ -64,6 +64,10 @@ def _datasets(args, config, say):
         raise CLIError(_data_error(args, "evaluation batches", e)) from None
 
 
+def _schedule_text(schedule) -> str:
+    return ",".join(f"{k}={getattr(schedule, k)}" for k in ("warmup", "decay_start", "decay_steps"))
+
+
 def _sparse_optimizer(name: str, lr, schedule=None):
     """The sparse optimizer `name` at rate `lr`, or under `schedule` (`--lr-schedule`)."""
     from embark_jax.ops import optimizers as O
@@ -409,6 +413,7 @@ def run_train(args) -> int:
     say(
         f"training {args.steps} steps, global batch {args.batch_size}, {g} devices on "
         f"{jax.process_count()} process(es), sparse {args.optimizer} lr {args.lr}"
+        + (f" under --lr-schedule {_schedule_text(args.lr_schedule)}" if args.lr_schedule else "")
     )
     t0 = time.perf_counter()
     callbacks, loggers = _callbacks(args, runner, start, lead)
