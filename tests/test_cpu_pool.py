@@ -122,3 +122,28 @@ def test_a_worker_on_the_callers_cpu_is_moved_off_it(child, case):
 
 def test_an_idle_worker_takes_back_every_cpu(child):
     assert child["after_sleep"] == [child["every"]] * child["workers"]
+
+
+def _spin_in_child(**env_vars):
+    import os
+    import subprocess
+    import sys
+
+    code = "from embark_jax.ops import native; print(native.build_info()['cpu_spin'])"
+    env = {k: v for k, v in os.environ.items() if k not in ("EMBARK_CPU_SPIN", "EMBARK_CPU_TUNING")}
+    env.update(env_vars)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_workers_stay_awake_only_when_asked():
+    """Process tuning is opt-in: the workers sleep after a job unless EMBARK_CPU_SPIN (or
+    EMBARK_CPU_TUNING) asks them to stay awake; a bad value is one line naming it."""
+    assert _spin_in_child().stdout.split() == ["off"]
+    assert _spin_in_child(EMBARK_CPU_SPIN="on").stdout.split() == ["auto"]
+    assert _spin_in_child(EMBARK_CPU_TUNING="1").stdout.split() == ["auto"]
+    assert _spin_in_child(EMBARK_CPU_TUNING="on", EMBARK_CPU_SPIN="off").stdout.split() == ["off"]
+    bad = _spin_in_child(EMBARK_CPU_SPIN="busy")
+    assert bad.returncode != 0
+    assert "EMBARK_CPU_SPIN='busy': expected auto, on, 1, off or 0" in bad.stderr

@@ -35,6 +35,15 @@ def _thp_available() -> bool:
 needs_thp = pytest.mark.skipif(not _thp_available(), reason="transparent huge pages are off")
 
 
+@pytest.fixture(autouse=True)
+def auto_mode():
+    """The tests here run in the auto mode, which a process opts into (EMBARK_HUGEPAGES or
+    EMBARK_CPU_TUNING; `test_environment_switch` checks the default is off)."""
+    previous = native.set_huge_page_mode("auto")
+    yield
+    native.set_huge_page_mode(previous)
+
+
 def _huge_bytes(array) -> int:
     """Bytes of `array`'s buffer that lie on huge pages, from /proc/self/smaps (each mapping
     overlapping the buffer counts its AnonHugePages, prorated by the overlap)."""
@@ -116,7 +125,6 @@ def _lookup_twice(t):
 
 @needs_thp
 def test_auto_mode_moves_a_table_in_the_background_after_its_second_call():
-    assert native.huge_page_mode() == "auto"
     t = _table(48 * 1024, seed=1)  # 24 MiB
     before = native.huge_page_stats()
     _lookup_twice(t)
@@ -163,18 +171,27 @@ print(native.huge_page_mode())
 """
 
 
-def _child(value):
-    env = {k: v for k, v in os.environ.items() if k != "EMBARK_HUGEPAGES"}
-    env["EMBARK_HUGEPAGES"] = value
+def _child(value=None, **more):
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("EMBARK_HUGEPAGES", "EMBARK_CPU_TUNING")
+    }
+    if value is not None:
+        env["EMBARK_HUGEPAGES"] = value
+    env.update(more)
     return subprocess.run(
         [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=120
     )
 
 
 def test_environment_switch():
+    """Off unless asked for: by EMBARK_HUGEPAGES, or by EMBARK_CPU_TUNING (which the switch of
+    its own overrides)."""
     off, on = _child("off"), _child(" AUTO ")
     assert (off.returncode, off.stdout.split()) == (0, ["off"]), off.stderr
     assert (on.returncode, on.stdout.split()) == (0, ["auto"]), on.stderr
+    assert _child().stdout.split() == ["off"]
+    assert _child(EMBARK_CPU_TUNING="on").stdout.split() == ["auto"]
+    assert _child("off", EMBARK_CPU_TUNING="on").stdout.split() == ["off"]
     bad = _child("always")
     assert bad.returncode != 0
     assert "EMBARK_HUGEPAGES='always': expected auto, on" in bad.stderr.strip().splitlines()[-1]
@@ -243,7 +260,7 @@ def large_output_on_huge_pages():
         _, row_grads, n = ops.lookup_pool_backward(grads, ids, seg, capacity=cap)
         return row_grads.block_until_ready(), int(n)
 
-    assert native.huge_page_mode() == "auto"
+    native.set_huge_page_mode("auto")  # a fresh process: opt in
     on, n_on = backward()
     assert _huge_bytes(on) >= 32 * MIB
     # Background advice queued by earlier tests acts on whatever is mapped at its range, a

@@ -43,6 +43,7 @@ print(mode, touch_faults(), n // 4096)
 
 _MALLOC_ENV = (
     "EMBARK_MALLOC",
+    "EMBARK_CPU_TUNING",
     "MALLOC_MMAP_THRESHOLD_",
     "MALLOC_TRIM_THRESHOLD_",
     "GLIBC_TUNABLES",
@@ -69,29 +70,36 @@ def _child_code(prelude, **env_vars):
 
 
 def test_auto_reuses_freed_blocks_and_off_leaves_glibc_alone():
-    mode, faults, pages = _child()  # unset: auto
+    mode, faults, pages = _child(EMBARK_MALLOC="auto")
     assert mode == "tuned"
     assert faults < pages // 20, f"{faults} faults touching a reused {pages}-page block"
-    mode, faults, pages = _child(EMBARK_MALLOC=" OFF ")
-    assert mode == "off"
-    assert faults > pages // 2, f"only {faults} faults for {pages} fresh pages"
+    assert _child(EMBARK_CPU_TUNING="on")[0] == "tuned"
+    for env in ({}, {"EMBARK_MALLOC": " OFF "}):  # off unless asked for
+        mode, faults, pages = _child(**env)
+        assert mode == "off"
+        assert faults > pages // 2, f"only {faults} faults for {pages} fresh pages"
 
 
 def test_a_process_that_sets_glibc_thresholds_keeps_them():
-    mode, faults, pages = _child(MALLOC_TRIM_THRESHOLD_="131072", MALLOC_MMAP_THRESHOLD_="131072")
+    mode, faults, pages = _child(
+        EMBARK_MALLOC="auto", MALLOC_TRIM_THRESHOLD_="131072", MALLOC_MMAP_THRESHOLD_="131072"
+    )
     assert mode == "user"
     assert faults > pages // 2  # the user's 128 KiB thresholds, not ours: fresh pages
-    assert _child(GLIBC_TUNABLES="glibc.malloc.trim_threshold=1048576")[0] == "user"
+    tunables = "glibc.malloc.trim_threshold=1048576"
+    assert _child(EMBARK_MALLOC="auto", GLIBC_TUNABLES=tunables)[0] == "user"
 
 
 def test_only_the_environment_the_process_started_with_counts():
     """glibc read its settings at startup: a variable set later is not the user's choice (we
     still tune), and one removed later still was (we leave glibc alone)."""
     prelude = "import os; os.environ['MALLOC_TRIM_THRESHOLD_'] = '131072'\n"
-    mode, faults, pages = _child_code(prelude)
+    mode, faults, pages = _child_code(prelude, EMBARK_MALLOC="auto")
     assert (mode, faults < pages // 20) == ("tuned", True)
     prelude = "import os; del os.environ['MALLOC_TRIM_THRESHOLD_']\n"
-    mode, faults, pages = _child_code(prelude, MALLOC_TRIM_THRESHOLD_="131072")
+    mode, faults, pages = _child_code(
+        prelude, EMBARK_MALLOC="auto", MALLOC_TRIM_THRESHOLD_="131072"
+    )
     assert mode == "user"
 
 

@@ -5,13 +5,21 @@ line checks them before a command runs; `embark_jax.ops.native` before the kerne
   the BF16 conversions): the SIMD path the kernels use (at most the best the CPU supports).
 - `EMBARK_CPU_THREADS`: a positive integer, the threads each CPU kernel runs on (default: the
   CPUs the process may use).
-- `EMBARK_HUGEPAGES`: `auto` (default; also `on`, `1`) or `off` (`0`): whether the kernels move
-  the tables they read at random onto transparent huge pages (docs/design.md §7).
-- `EMBARK_MALLOC`: `auto` (default; also `on`, `1`) or `off` (`0`): whether loading the kernels
-  sets glibc's mmap and trim thresholds to the values its own rule converges to, so that large
-  outputs reuse memory instead of faulting fresh pages in at each call (docs/design.md §7). A
-  process started with glibc malloc thresholds of its own (`MALLOC_MMAP_THRESHOLD_`,
-  `MALLOC_TRIM_THRESHOLD_`, or those `GLIBC_TUNABLES`) keeps them.
+Process-wide tuning is opt-in: the three switches below change the whole process (its
+allocator, its page layout, threads that stay awake), so loading the kernels does none of it
+unless asked. `EMBARK_CPU_TUNING=on` asks for all three (each switch set on its own wins):
+
+- `EMBARK_HUGEPAGES`: `auto` (also `on`, `1`) or `off` (`0`; the default unless
+  `EMBARK_CPU_TUNING=on`): whether the kernels move the tables they read at random onto
+  transparent huge pages, from a background thread (docs/design.md §7).
+- `EMBARK_MALLOC`: the same values: whether loading the kernels sets glibc's mmap and trim
+  thresholds to the values its own rule converges to, so that large outputs reuse memory
+  instead of faulting fresh pages in at each call (docs/design.md §7). A process started with
+  glibc malloc thresholds of its own (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, or
+  those `GLIBC_TUNABLES`) keeps them.
+- `EMBARK_CPU_SPIN`: the same values: whether the kernels' worker threads stay awake (spin,
+  then yield the CPU) for a few milliseconds after each job, so kernels called in quick
+  succession find them running; off, they sleep at once (a wake-up costs ~0.1 ms).
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ __all__ = [
     "huge_page_mode_from_env",
     "malloc_mode_from_env",
     "parse_huge_page_mode",
+    "spin_mode_from_env",
+    "tuning_from_env",
     "user_sets_malloc",
 ]
 
@@ -37,24 +47,35 @@ def parse_huge_page_mode(value: str) -> str | None:
     return _HUGE_PAGE_VALUES.get(str(value).strip().lower())
 
 
-def _switch_from_env(name: str) -> str:
-    """`auto` or `off`, from an auto/off switch variable (unset or empty: auto; the spellings of
-    parse_huge_page_mode); ValueError naming the variable and value when malformed."""
+def _switch_from_env(name: str, default: str = "off") -> str:
+    """`auto` or `off`, from an auto/off switch variable (unset or empty: `default`; the
+    spellings of parse_huge_page_mode); ValueError naming the variable and value when
+    malformed."""
     raw = os.environ.get(name, "")
-    mode = parse_huge_page_mode(raw) if raw.strip() else "auto"
+    mode = parse_huge_page_mode(raw) if raw.strip() else default
     if mode is None:
         raise ValueError(f"{name}={raw!r}: expected auto, on, 1, off or 0")
     return mode
 
 
+def tuning_from_env() -> str:
+    """`auto` or `off`, from EMBARK_CPU_TUNING: the default of the three tuning switches."""
+    return _switch_from_env("EMBARK_CPU_TUNING")
+
+
 def huge_page_mode_from_env() -> str:
-    """`auto` or `off`, from EMBARK_HUGEPAGES (_switch_from_env)."""
-    return _switch_from_env("EMBARK_HUGEPAGES")
+    """`auto` or `off`, from EMBARK_HUGEPAGES (default: EMBARK_CPU_TUNING's)."""
+    return _switch_from_env("EMBARK_HUGEPAGES", tuning_from_env())
 
 
 def malloc_mode_from_env() -> str:
-    """`auto` or `off`, from EMBARK_MALLOC (_switch_from_env)."""
-    return _switch_from_env("EMBARK_MALLOC")
+    """`auto` or `off`, from EMBARK_MALLOC (default: EMBARK_CPU_TUNING's)."""
+    return _switch_from_env("EMBARK_MALLOC", tuning_from_env())
+
+
+def spin_mode_from_env() -> str:
+    """`auto` or `off`, from EMBARK_CPU_SPIN (default: EMBARK_CPU_TUNING's)."""
+    return _switch_from_env("EMBARK_CPU_SPIN", tuning_from_env())
 
 
 _USER_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
@@ -99,3 +120,4 @@ def check_cpu_env() -> None:
         )
     huge_page_mode_from_env()
     malloc_mode_from_env()
+    spin_mode_from_env()

@@ -32,6 +32,7 @@ from embark_jax.core.cpu_env import (
     huge_page_mode_from_env,
     malloc_mode_from_env,
     parse_huge_page_mode,
+    spin_mode_from_env,
     user_sets_malloc,
 )
 
@@ -135,10 +136,10 @@ def ensure_registered() -> None:
         _register("embark_jax._ffi_cpu", "cpu")
         if (isa := os.environ.get("EMBARK_CPU_ISA", "").strip().lower()) not in ("", "auto"):
             importlib.import_module("embark_jax._ffi_cpu").set_cpu_isa(isa)  # lock held
-        importlib.import_module("embark_jax._ffi_cpu").set_huge_page_mode(
-            huge_page_mode_from_env() == "auto"
-        )
-        _apply_malloc_mode(importlib.import_module("embark_jax._ffi_cpu"))
+        cpu = importlib.import_module("embark_jax._ffi_cpu")
+        cpu.set_huge_page_mode(huge_page_mode_from_env() == "auto")
+        cpu.set_cpu_spin(spin_mode_from_env() == "auto")
+        _apply_malloc_mode(cpu)
         if info.CUDA_BUILT and _cuda_plugin_installed():
             _register("embark_jax._ffi_cuda", "CUDA")
         _registered_all = True
@@ -185,6 +186,7 @@ def build_info() -> dict[str, object]:
         "cpu_threads": cpu_threads(),
         "huge_pages": huge_page_mode(),
         "malloc": malloc_mode(),
+        "cpu_spin": "auto" if _cpu_module().cpu_spin() else "off",
     }
 
 

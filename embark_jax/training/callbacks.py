@@ -5,18 +5,15 @@ Metrics accumulate on the device (`StepRunner.totals`); these callbacks read the
 they print or log, every `every` steps, so they never make a step wait. `JsonLinesLogger`
 writes one JSON object every `every` steps (`step`, and over the steps since the previous
 line: `loss`, `samples_per_s`, `overflow`, `train_auc_window`, `refused`);
-`TensorBoardLogger` writes the same scalars as a TensorBoard event file, in the TFRecord event
-format TensorBoard reads (no TensorFlow or tensorboard package needed to write it; install
-`tensorboard`, e.g. the `[logging]` extra, to look at it). Both take further scalars (the
-final evaluation) through `log_scalars`.
+`TensorBoardLogger` writes the same scalars as a TensorBoard event file through tensorboardX
+(install `tensorboard`, e.g. the `[logging]` extra, to look at it). Both take further
+scalars (the final evaluation) through `log_scalars`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
-import struct
 import sys
 import time
 
@@ -25,7 +22,7 @@ import jax
 from embark_jax.training.loop import CallbackBase
 from embark_jax.training.runner import StepRunner, Totals
 
-__all__ = ["EventFileWriter", "ExitAtStep", "JsonLinesLogger", "Progress", "TensorBoardLogger"]
+__all__ = ["ExitAtStep", "JsonLinesLogger", "Progress", "TensorBoardLogger"]
 
 
 def _clock(seconds: float) -> str:
@@ -144,11 +141,14 @@ class JsonLinesLogger(_StepMetrics):
 
 
 class TensorBoardLogger(_StepMetrics):
-    """TensorBoard scalars (`train/loss`, `train/samples_per_s`, ...) in `log_dir`."""
+    """TensorBoard scalars (`train/loss`, `train/samples_per_s`, ...) in `log_dir`, written by
+    tensorboardX's `SummaryWriter` (an event file TensorBoard reads; no TensorFlow)."""
 
     def __init__(self, log_dir: str, runner: StepRunner, batch_size: int, every: int = 10):
+        from tensorboardX import SummaryWriter
+
         super().__init__(runner, batch_size, every)
-        self.writer = EventFileWriter(log_dir)
+        self.writer = SummaryWriter(log_dir)
 
     def on_step_end(self, step, state, result):
         scalars = self.scalars()
@@ -156,82 +156,12 @@ class TensorBoardLogger(_StepMetrics):
             self.log_scalars(step + 1, {f"train/{k}": v for k, v in scalars.items()})
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
-        self.writer.add_scalars(step, scalars)
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, float(value), global_step=int(step))
+        self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()
-
-
-class EventFileWriter:
-    """Writes `events.out.tfevents.*` files: TFRecord-framed `Event` protos (wall time, step,
-    a `Summary` of float scalars), the format TensorBoard's readers load."""
-
-    def __init__(self, log_dir: str):
-        os.makedirs(log_dir, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
-        self.path = os.path.join(log_dir, name)
-        self.fh = open(self.path, "wb")  # closed by close()
-        self._write(_event(time.time(), 0, file_version="brain.Event:2"))
-
-    def add_scalars(self, step: int, scalars: dict[str, float]) -> None:
-        values = b"".join(
-            _field(1, _field(1, tag.encode()) + b"\x15" + struct.pack("<f", float(v)))
-            for tag, v in scalars.items()
-        )
-        self._write(_event(time.time(), step, summary=values))
-
-    def _write(self, data: bytes) -> None:
-        header = struct.pack("<Q", len(data))
-        self.fh.write(header + struct.pack("<I", _masked_crc(header)))
-        self.fh.write(data + struct.pack("<I", _masked_crc(data)))
-        self.fh.flush()
-
-    def close(self) -> None:
-        self.fh.close()
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _event(wall_time: float, step: int, *, file_version: str = "", summary: bytes = b"") -> bytes:
-    out = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(max(0, int(step)))
-    if file_version:
-        out += _field(3, file_version.encode())
-    if summary:
-        out += _field(5, summary)
-    return out
-
-
-def _crc32c_table() -> list[int]:
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_CRC_TABLE = _crc32c_table()
-
-
-def _masked_crc(data: bytes) -> int:
-    crc = 0xFFFFFFFF
-    for b in data:
-        crc = _CRC_TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 class ExitAtStep(CallbackBase):

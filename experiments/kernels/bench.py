@@ -99,6 +99,7 @@ class Worker:
 
     def __init__(self, lib: str, threads: int, device: str = "auto"):
         env = dict(os.environ)
+        env.setdefault("EMBARK_CPU_TUNING", "on")  # the kernels' opt-in process tuning
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(":")
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # GPU: workers share it
         cmd = [sys.executable, "-m", "experiments.kernels.worker", "--lib", lib]

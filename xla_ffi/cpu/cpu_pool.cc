@@ -1,35 +1,29 @@
 // The CPU kernels' worker threads (embark_ffi.h: CpuPoolRun, ParallelFor).
 //
-// Why not XLA's intra-op pool (ffi::ThreadPool)? Measured here, a task scheduled on it starts
-// ~65 us later (its threads sleep between ops), so a kernel of 100-200 us ran on the calling
-// thread alone. These workers instead spin for a short while (kSpin) after each job, then
-// yield the CPU in a loop for a few milliseconds (kYield), as OpenMP's workers stay busy after
-// a region, so kernel calls a few milliseconds apart find them awake; then they sleep on a
-// condition variable and cost nothing.
+// Why not XLA's intra-op pool (ffi::ThreadPool)? Its threads sleep between ops, so a task
+// scheduled on it starts late and a kernel of a few hundred microseconds runs on the calling
+// thread alone (docs/benchmarks.md has the measurements). These workers can instead stay
+// awake after each job (EMBARK_CPU_SPIN, opt-in: spin kSpin, then yield the CPU until kYield,
+// as OpenMP's workers stay busy after a region), so kernels a few milliseconds apart find
+// them running; otherwise, and after that, they sleep on a condition variable and cost
+// nothing.
 //
-// A worker on the caller's CPU cannot help it. Measured here (2 CPUs): a worker woken from
-// sleep was placed on the caller's CPU and preempted it (it ran all 8 chunks, the caller none),
-// and then, yielding on that CPU, took no chunk of the next calls while the other CPU sat idle
-// (the small shape ran 70-110 us alone instead of 31-48 us). So a worker publishes the CPU it
-// waits on, and a caller moves each worker published on its own CPU onto the process's others
-// (sched_setaffinity on the worker's thread id) before it publishes a job. A sleeper is moved
-// wherever it slept: the kernel may wake it on its waker's CPU, queued behind the caller.
-// Measured (1024 x 8 x 64 bf16, turns of 8 calls after an 8 ms pause, 200 turns): moving only
-// sleepers published on the caller's CPU left the worker asleep-then-queued through the whole
-// turn in 78 turns (it took no chunk; kernel median at calls 3-5: 22-27 us); moving every
-// sleeper, in 1 turn (17-18 us). A worker that still picks up a job on its caller's CPU
-// moves itself off. A worker takes back its whole mask before it sleeps. The masks are the
-// pool's: set from the process's mask when the pool starts, so a binding of the workers from
-// outside afterwards (taskset -a -p, numactl) lasts only until a worker next sleeps.
+// A worker on the caller's CPU cannot help it: woken from sleep, the OS may place it on the
+// caller's CPU, where it preempts the caller or, yielding, takes no chunk while another CPU
+// sits idle. So a worker publishes the CPU it waits on, and a caller moves each worker
+// published on its own CPU (and every sleeper) onto the process's other CPUs
+// (sched_setaffinity on the worker's thread id) before it publishes a job; a worker that
+// still picks up a job on its caller's CPU moves itself off, and takes back its whole mask
+// before it sleeps. The masks are the pool's, set from the process's mask when the pool
+// starts, so a binding of the workers from outside afterwards (taskset -a -p, numactl) lasts
+// only until a worker next sleeps.
 //
 // Each thread has a share of a job's chunks: the caller the first 1/T of them, worker t the
 // t-th (T threads). It takes its own share in order, then whatever is left of the others'
 // (a late or absent worker's share is done by the rest), claiming each chunk from its share's
 // counter, a cache line of its own. So a job's chunks do not bounce one counter between the
 // CPUs, and in steady state each thread writes the same part of an output call after call,
-// which stays in its own cache. Measured (1024 x 8 x 64 float, 2 threads, turns of 8 calls
-// after an 8 ms pause, calls 3-5, four processes each): median 40-42 -> 32-33 us, min
-// 29.5-32 -> 28-29.5 us, against one shared counter taken chunk by chunk.
+// which stays in its own cache.
 //
 // One job at a time: a call that finds the pool busy (several devices of one process calling
 // kernels concurrently), or that comes from inside a job (a nested ParallelFor), runs its
@@ -64,6 +58,10 @@ namespace {
 
 constexpr auto kSpin = std::chrono::microseconds(200);   // then yield the CPU while waiting
 constexpr auto kYield = std::chrono::milliseconds(5);     // then sleep on the condition variable
+
+// Whether workers spin and yield before they sleep (EMBARK_CPU_SPIN, set by Python when the
+// kernels load): opt-in, since awake workers take CPU time from the rest of the process.
+std::atomic<bool> g_spin{false};
 
 // The floating-point mode of SSE/AVX arithmetic (MXCSR: rounding, flush-to-zero and
 // denormals-are-zero). XLA runs its CPU code, ours included, with subnormals flushed to zero;
@@ -257,14 +255,15 @@ class SpinPool {
   // as XLA's own, gets the CPU: libgomp's workers likewise stay busy ~4 ms after a region.
   uint64_t WaitForJob(uint64_t seen, WorkerSlot& slot) {
     const auto start = std::chrono::steady_clock::now();
+    const bool spin = g_spin.load(std::memory_order_relaxed);
     slot.Publish(sched_getcpu());
-    for (int i = 0;; ++i) {
+    for (int i = 0; spin; ++i) {
       const uint64_t g = gen_.load();
       if (g != seen) return g;
       CpuRelax();
       if ((i & 255) == 255 && std::chrono::steady_clock::now() - start > kSpin) break;
     }
-    for (;;) {
+    while (spin) {
       const uint64_t g = gen_.load();
       if (g != seen) return g;
       sched_yield();
@@ -306,6 +305,9 @@ SpinPool& Pool() {
 }  // namespace
 
 int64_t CpuPoolThreads() { return Pool().threads(); }
+
+void SetCpuSpin(bool on) { g_spin.store(on); }
+bool GetCpuSpin() { return g_spin.load(); }
 
 void CpuPoolRun(int64_t chunks, void (*fn)(void*, int64_t), void* ctx) {
   Pool().Run(chunks, fn, ctx);

@@ -60,6 +60,9 @@ PYBIND11_MODULE(_ffi_cpu, m) {
         }
       },
       "Uses the named instruction set (at most the best supported) from the next call on.");
+  m.def("set_cpu_spin", &embark::SetCpuSpin,
+        "Whether the workers stay awake (spin, then yield) a few ms after each job.");
+  m.def("cpu_spin", &embark::GetCpuSpin);
   m.def("cpu_threads", []() { return embark::CpuPoolThreads(); },
         "Threads a CPU kernel runs on (its caller included); starts the worker pool.");
   m.def(

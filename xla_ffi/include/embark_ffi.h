@@ -52,6 +52,9 @@ inline ffi::Error InvalidArgument(const std::string& msg) {
 // the number of threads a job runs on (the caller included), and a call of fn(ctx, c) for
 // every chunk c in [0, chunks) on them, returning when all are done.
 int64_t CpuPoolThreads();
+// Whether the workers stay awake after a job (EMBARK_CPU_SPIN; cpu_pool.cc).
+void SetCpuSpin(bool on);
+bool GetCpuSpin();
 void CpuPoolRun(int64_t chunks, void (*fn)(void*, int64_t), void* ctx);
 
 // Runs fn(begin, end) over [0, n) in chunks of at least min_chunk on the CPU worker pool
