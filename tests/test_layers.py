@@ -136,10 +136,35 @@ def test_cli_plan_loads_no_kernels(tmp_path):
 
 
 def test_importing_the_package_is_lazy():
+    """`import embark_jax` loads no framework and none of our modules but the lazy-export
+    helper; `embark_jax.training` loads its names on first use (no Orbax before then)."""
     code = "import sys, embark_jax; print(sorted(m for m in sys.modules if m.startswith(('jax', 'flax', 'embark_jax.'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]", out.stdout
+    assert out.stdout.strip() == "['embark_jax.core', 'embark_jax.core.exports']", out.stdout
+    code = "import sys, embark_jax.training as t; t.StepRunner; print('orbax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False"], out.stderr
+
+
+@pytest.mark.parametrize(
+    "package",
+    [
+        "embark_jax",
+        "embark_jax.core",
+        "embark_jax.data",
+        "embark_jax.sharding",
+        "embark_jax.training",
+        "embark_jax.ops",
+        "embark_jax.planner",
+    ],
+)
+def test_every_package_exports_its_public_names(package):
+    import importlib
+
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        assert getattr(module, name) is not None, f"{package}.{name}"
 
 
 def test_public_api_resolves():
