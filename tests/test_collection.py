@@ -339,3 +339,36 @@ def test_apply_gradients_names_a_misshapen_gradient_and_a_foreign_batch():
     assert _snapshot(coll) == before
     coll.apply_gradients(res, grads)  # the result's own batch by default
     assert _snapshot(coll) != before
+
+
+def test_a_dense_optimizer_over_params_never_touches_the_tables():
+    """`nnx.Optimizer(model, optax.adam(...), wrt=nnx.Param)` on a model holding a
+    collection: the tables and slots are their own variable types, so the dense optimizer
+    neither holds state for them nor changes them."""
+    import optax
+
+    plan = mixed_plan()
+
+    class Model(nnx.Module):
+        def __init__(self):
+            self.emb = EmbeddingCollection(
+                CONFIG,
+                plan,
+                plan.make_mesh(),
+                rngs=nnx.Rngs(0),
+                optimizer=O.Adagrad(learning_rate=0.1),
+            )
+            self.head = nnx.Linear(4, 1, rngs=nnx.Rngs(1))
+
+    model = Model()
+    tables = [np.asarray(v) for v in model.emb.buffer_values().values()]
+    opt = nnx.Optimizer(model, optax.adam(0.1), wrt=nnx.Param)
+    shapes = {x.shape for x in jax.tree.leaves(nnx.state(opt, nnx.optimizer.OptState))}
+    assert all(x.ndim != 3 for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert shapes <= {(), (4, 1), (1,)}, shapes  # Adam's moments of the head only
+    grads = nnx.grad(
+        lambda m: jnp.sum(m.head(jnp.ones((2, 4)))), argnums=nnx.DiffState(0, nnx.Param)
+    )(model)
+    opt.update(model, grads)
+    for before, after in zip(tables, model.emb.buffer_values().values(), strict=True):
+        np.testing.assert_array_equal(before, np.asarray(after))

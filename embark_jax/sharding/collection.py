@@ -73,8 +73,10 @@ class LookupOutputs(NamedTuple):
     invalid: jax.Array
 
 
-class EmbeddingTable(nnx.Param):
-    """A stacked `[G, rows_per_device, width]` buffer of embedding shards."""
+class EmbeddingTable(nnx.Variable):
+    """A stacked `[G, rows_per_device, width]` buffer of embedding shards. Its own variable
+    type, not an `nnx.Param`: the sparse optimizer updates it in place, so a dense optimizer
+    built with `wrt=nnx.Param` (the usual Flax line) never sees the tables."""
 
 
 class EmbeddingOptState(nnx.Variable):
