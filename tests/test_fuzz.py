@@ -382,10 +382,13 @@ def test_fuzz_training_step_inputs(trainer, capsys):
     runner = trainer["runner"]
     trainer["state"], _ = runner.step(trainer["state"], ds.batch(0))  # compile once
 
+    # half the cases are well-formed batches that train (one_of picks its branches alike)
+    kinds = st.one_of(st.just("none"), st.sampled_from(MUTATIONS[1:]))
+
     @settings(
-        max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+        max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
     )
-    @given(kind=st.sampled_from(MUTATIONS), seed=st.integers(0, 2**16))
+    @given(kind=kinds, seed=st.integers(0, 2**16))
     def run(kind, seed):
         STATS["step"][0] += 1
         batch = mutate(ds.batch(1 + seed % 50), kind, np.random.default_rng(seed))
@@ -398,7 +401,8 @@ def test_fuzz_training_step_inputs(trainer, capsys):
             STATS["step"][2] += 1
             return
         assert kind == "none", f"malformed batch ({kind}) was accepted"
-        assert np.isfinite(r.loss)
+        assert np.isfinite(float(r.loss))
+        assert _checksum(trainer) != before  # it trained: the tables moved
         STATS["step"][1] += 1
 
     run()
@@ -408,4 +412,4 @@ def test_fuzz_training_step_inputs(trainer, capsys):
             f"\nfuzz Trainer.step inputs: {tried} cases, {ok} trained, {rejected} rejected "
             "with ValueError, 0 failures, 0 tables corrupted"
         )
-    assert rejected > 0 and runner.num_compilations() == 1
+    assert ok >= 50 and rejected >= 50 and runner.num_compilations() == 1
