@@ -64,6 +64,9 @@ def _batches(config, seed):
             x[rng.random(x.shape) < 0.3] = VOCAB_A + rng.integers(0, 25)  # rows of "n"
             x[rng.random(x.shape) < 0.1] = -5
             x[rng.random(x.shape) < 0.1] = -1
+            x[0::3, 0] = VOCAB_A  # the first id past the table: row 0 of the neighbour
+            x[1::3, 0] = VOCAB_A - 1  # the table's last row: valid
+            x[2::3, 0] = -2  # the first negative id below padding
         raw[f.name] = x
         clean[f.name] = np.where((x < -1) | (x >= VOCAB_A), -1, x)
     invalid = {"a": int(sum(((raw[n] < -1) | (raw[n] >= VOCAB_A)).sum() for n in raw)), "n": 0}

@@ -51,12 +51,18 @@ HOTNESS = [f.max_hotness for f in CFG.features]
 # --- a TSV file and its independent parse ----------------------------------------------------
 
 
+def _hex_id(rng) -> str:
+    """A categorical value as Criteo writes it (8 hex digits), or, one time in three, a wider
+    one of up to 16 digits (hashed ids of 64 bits: their high bits decide the row too)."""
+    if rng.random() < 1 / 3:
+        return f"{int(rng.integers(2**32, 2**64, dtype=np.uint64)):x}"
+    return f"{int(rng.integers(0, 2**32)):08x}"
+
+
 def _good_line(rng) -> tuple[str, tuple]:
     label = int(rng.integers(0, 2))
     dense_raw = [None if rng.random() < 0.15 else int(rng.integers(-3, 5000)) for _ in range(13)]
-    cats_raw = [
-        None if rng.random() < 0.1 else f"{int(rng.integers(0, 2**32)):08x}" for _ in range(26)
-    ]
+    cats_raw = [None if rng.random() < 0.1 else _hex_id(rng) for _ in range(26)]
     text = "\t".join(
         [str(label)]
         + ["" if x is None else str(x) for x in dense_raw]
@@ -160,6 +166,8 @@ def test_tsv_index_cache_and_line_parser(tsv, tmp_path):
     assert_same_batch(second.batch(1), first.batch(1))
     label, dense, cats = parse_tsv_line(b"1\t5\t\t-2" + b"\t" * 11 + b"a0" + b"\t" * 25 + b"\n")
     assert (label, dense[:3], cats[:2]) == (1, [5, 0, -2], [0xA0, 0])
+    wide = b"0" + b"\t" * 14 + b"fedcba9876543210" + b"\t" * 25 + b"\n"
+    assert parse_tsv_line(wide)[2][0] == 0xFEDCBA9876543210  # all 64 bits, none dropped
 
 
 def test_two_processes_each_read_half_of_every_batch(tsv):

@@ -41,18 +41,61 @@ def _layer_of(module: str) -> str | None:
     return "ops" if parts[1] in NATIVE else parts[1]
 
 
-def _imports(path: pathlib.Path):
+def _module_of(path: pathlib.Path, root: pathlib.Path) -> str:
+    """`embark_jax.x.y` for `root/x/y.py` (`embark_jax.x` for a package's __init__)."""
+    parts = ["embark_jax", *path.relative_to(root).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _relative(module: str, is_package: bool, level: int, name: str | None) -> str:
+    """The absolute module of `from <level dots><name> import ...` inside `module`."""
+    base = module.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (level - 1)] if level > 1 else base
+    return ".".join([*base, *([name] if name else [])])
+
+
+def _literal_modules(node: ast.Call, package: str):
+    """Modules a call names with string literals: `importlib.import_module("m")` and the
+    values of `lazy_exports(__name__, {...})` (relative to the package unless absolute)."""
+    func = node.func
+    fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    if fname == "import_module" and node.args and isinstance(node.args[0], ast.Constant):
+        yield str(node.args[0].value)
+    elif fname == "lazy_exports" and len(node.args) > 1 and isinstance(node.args[1], ast.Dict):
+        for v in node.args[1].values:
+            if isinstance(v, ast.Constant) and isinstance(v.value, str):
+                yield v.value if v.value.startswith("embark_jax") else f"{package}.{v.value}"
+
+
+def _imports(path: pathlib.Path, root: pathlib.Path = PKG):
+    """(line, module) of every import in `path`: plain and `from` imports anywhere (inside
+    functions too), relative ones resolved, and modules named by `importlib.import_module`
+    or `lazy_exports` with a string literal."""
     tree = ast.parse(path.read_text(), str(path))
+    module = _module_of(path, root)
+    is_package = path.name == "__init__.py"
+    package = module if is_package else module.rpartition(".")[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
                 yield node.lineno, a.name
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == "embark_jax":
-                for a in node.names:
-                    yield node.lineno, f"embark_jax.{a.name}"
+        elif isinstance(node, ast.ImportFrom):
+            base = (
+                node.module
+                if node.level == 0
+                else _relative(module, is_package, node.level, node.module)
+            )
+            if not base:
+                continue
+            if base in ("embark_jax", package) or node.level:
+                for a in node.names:  # `from embark_jax import sharding`, `from . import x`
+                    yield node.lineno, f"{base}.{a.name}"
             else:
-                yield node.lineno, node.module
+                yield node.lineno, base
+        elif isinstance(node, ast.Call):
+            for name in _literal_modules(node, package):
+                yield node.lineno, name
 
 
 def _violations(root: pathlib.Path) -> list[str]:
@@ -63,7 +106,7 @@ def _violations(root: pathlib.Path) -> list[str]:
             continue
         layer = rel.parts[0]
         assert layer in ALLOWED, f"{rel}: folder {layer!r} is in no layer; add it to the contract"
-        for line, mod in _imports(path):
+        for line, mod in _imports(path, root):
             target = _layer_of(mod)
             if target is not None and target != layer and target not in ALLOWED[layer]:
                 bad.append(f"{rel}:{line}: layer {layer!r} imports {mod} (layer {target!r})")
@@ -85,8 +128,15 @@ def test_the_contract_check_can_fail(tmp_path):
     )
     (tmp_path / "planner").mkdir()
     (tmp_path / "planner" / "y.py").write_text("import jax.numpy as jnp\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "z.py").write_text(
+        "from ..training import loop\nfrom .. import sharding\nfrom . import batch\n"
+        "import importlib\nm = importlib.import_module('embark_jax.cli.main')\n"
+    )
     bad = _violations(tmp_path)
-    assert len(bad) == 2 and "core/x.py:2" in bad[0] and "planner/y.py:1" in bad[1]
+    assert len(bad) == 5, bad
+    assert "core/x.py:2" in bad[0] and "planner/y.py:1" in bad[4]
+    assert [b.split(":")[1] for b in bad[1:4]] == ["1", "2", "5"], bad  # data/z.py
 
 
 @pytest.mark.smoke
