@@ -7,6 +7,8 @@ kernel call (there it could not take a chunk until the caller's chunks were done
 worker asleep on another CPU (a sleeper may be woken onto its waker's CPU: measured, in 39% of
 turns after an 8 ms pause it then took no chunk of the turn's 8 calls); the kernel's result
 still matches the reference, and a worker idle long enough to sleep takes back every CPU.
+The child opts into spinning (EMBARK_CPU_SPIN=on): without it a worker sleeps, with its whole
+mask back, as soon as a job ends, so there is no waiting worker to move.
 """
 
 import json
@@ -97,6 +99,7 @@ print(json.dumps(out))
 def child() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "EMBARK_CPU_THREADS"}
     env["JAX_PLATFORMS"] = "cpu"
+    env["EMBARK_CPU_SPIN"] = "on"
     run = subprocess.run(
         [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300
     )

@@ -206,7 +206,7 @@ def test_the_script_runs_the_loop_benchmark_and_the_step_in_that_order():
 
 def test_one_command_runs_the_loop_benchmark_and_the_step_on_a_cpu(tmp_path):
     """The script's own benchmark and step commands, shrunk to tiny shapes: the production
-    points capped, the benchmark stopped by its budget after the first ones, the step's
+    points capped, the benchmark stopped by its budget (0 s) after the first point, the step's
     second compile skipped by its own; one JSON with both."""
     bench_args = "--max-batch 32 --max-vocab 2048 --target-bytes 2e6 --copy-min-bytes 65536"
     step_args = "--batch 32 --max-vocab 200 --max-hotness 1 --steps 1 --warmup 0 --devices 1"
@@ -215,7 +215,7 @@ def test_one_command_runs_the_loop_benchmark_and_the_step_on_a_cpu(tmp_path):
         timeout=400,
         GPU_CHECK_BENCH=None,
         GPU_CHECK_STEP=None,
-        GPU_CHECK_BENCH_S="40",  # the benchmark's own budget: 15 s
+        GPU_CHECK_BENCH_S="25",  # the benchmark's own budget: 0 s, only the first point runs
         GPU_CHECK_BENCH_ARGS=f"{bench_args} --profile 0",
         GPU_CHECK_STEP_ARGS=f"{step_args} --topology dgx-h100 --budget-s 0.001",
         JAX_PLATFORMS="cpu",
@@ -224,6 +224,7 @@ def test_one_command_runs_the_loop_benchmark_and_the_step_on_a_cpu(tmp_path):
     quick = summary["kernels"]["quick"]
     assert quick["backend"] == "cpu" and quick["checks_ok"]
     assert not quick["complete"] and quick["skipped"] > 0  # its budget ran out first
+    assert len(quick["points"]) == 1
     first = P.LOOP_QUICK[0][0].capped(32, 2048).name
     assert set(quick["points"][first]) == set(P.HEADLINE_OPS)
     rows = summary["headline"]["quick"]

@@ -29,7 +29,8 @@ peer here: its loop would need CUDA graphs). A run's points are the production s
 (`points.LOOP_QUICK` / `LOOP_FULL`), with batch and rows capped on a CPU (`max_batch`,
 `max_vocab`), or the tiny `LOOP_SMOKE`. The work is done point by point, in the order given
 (most valuable first), and the JSON is rewritten after every op, so a run stopped by its
-time budget (`budget_s`: later ops are listed as skipped) or killed keeps what it measured.
+time budget (`budget_s`: the first point runs whole, later ops are listed as skipped) or
+killed keeps what it measured.
 
 JSON (schema "embark_jax.kernel_loop/1"):
 
@@ -113,7 +114,7 @@ class Settings:
     rotate_below_bytes: int | None = None
     k_min: int = 2
     k_max: int = 1000
-    budget_s: float | None = None  # stop starting ops after this many seconds
+    budget_s: float | None = None  # start no op after this many seconds (but the first point's)
     max_batch: int | None = None
     max_vocab: int | None = None
     profile: int = 0  # trace one more loop call of the first `profile` cases (device times)
@@ -328,7 +329,8 @@ class Run:
         self.result["settings"]["tasks"] = [[p.name, list(o)] for p, o in tasks]
         for requested, op_names in tasks:
             p = requested.capped(s.max_batch, s.max_vocab)
-            if self.over_budget():
+            first = not self.result["points"]  # the first point runs whole, whatever the budget
+            if not first and self.over_budget():
                 self.skip(p, op_names, "time budget spent")
                 continue
             data = LC.PointData(p, s.seed)
@@ -336,7 +338,7 @@ class Run:
             pt = self.point_record(p, requested, data, rotate)
             self.say(f"-- {p.name} (K per op: bytes / {s.target_bytes:.3g}; rotated: {rotate})")
             for i, op in enumerate(op_names):
-                if self.over_budget():
+                if not first and self.over_budget():
                     self.skip(p, op_names[i:], "time budget spent")
                     break
                 if op == "backward_rowwise_adagrad":

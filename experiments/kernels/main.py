@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
         "device times traced (the GPU check's mode)",
     )
     loop.add_argument(
-        "--budget-s", type=float, default=None, help="start no op after this many seconds"
+        "--budget-s", type=float, default=None, help="start no op after this many seconds (the first point runs whole)"
     )
     loop.add_argument(
         "--target-bytes",
