@@ -5,7 +5,9 @@ ids, output gradients), then starts one worker process per contender (`worker.py
 time: it builds its state from the inputs, runs step 1 on batch 0 and writes that step's
 outputs and sampled updated rows, which the driver checks against the numpy reference
 (`data.reference_*`) and, for the embark contenders, against TBE's; then one untimed round
-warms it up. Only then are the contenders timed: `rounds` rounds, each giving every
+warms it up (a contender is started only when the machine has memory for it, see
+`wait_for_memory`; otherwise it is skipped and listed as unavailable). Only then are the
+contenders timed: `rounds` rounds, each giving every
 contender a turn of `steps` steps back to back (the worker waits for the last one), the
 starting contender rotating round by round, with a short idle gap before each turn. A
 contender's step time is its turn's time over `steps`; samples/s is the batch over it.
@@ -75,6 +77,7 @@ class Settings:
     index_dtype: str = "int32"
     contenders: tuple[str, ...] | None = None  # None: each workload's own
     gap_s: float = GAP_S
+    memory_wait_s: float = 600.0  # how long a contender waits for memory before it is skipped
     tmp_dir: str | None = None  # where the inputs are written (default: the system's)
 
 
@@ -221,6 +224,40 @@ def ratios(contenders: dict[str, dict], peer: str = PEER) -> dict[str, dict]:
 # --- the run ---------------------------------------------------------------------------------
 
 
+def memory_needed(w: Workload) -> int:
+    """Bytes a contender may take on top of what is resident (its tables, a transient
+    second copy while it builds or steps, and the runtime): 2x the tables + 1 GiB."""
+    return 2 * w.table_bytes + 2**30
+
+
+def mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def wait_for_memory(need: int, wait_s: float, poll_s: float = 10.0) -> str | None:
+    """None once `need` bytes are available (MemAvailable), polling up to `wait_s`; else
+    why not. On a shared machine a contender that does not fit is skipped rather than
+    started: the kernel's OOM killer could take another job's process."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        avail = mem_available()
+        if avail is None or avail >= need:
+            return None
+        if time.monotonic() >= deadline:
+            return (
+                f"not enough memory: {avail / 2**30:.1f} GiB available, "
+                f"{need / 2**30:.1f} GiB needed"
+            )
+        time.sleep(poll_s)
+
+
 def machine_info() -> dict:
     model = platform.processor() or "unknown"
     try:
@@ -265,6 +302,11 @@ def bench_workload(w: Workload, s: Settings) -> dict:
         say(f"{w.summary()}: inputs written in {time.perf_counter() - t0:.1f} s")
         ref = Reference(inp)
         for name in names:
+            short = wait_for_memory(memory_needed(w), s.memory_wait_s)
+            if short:
+                rec["unavailable"][name] = short
+                say(f"  {name}: not run ({short})")
+                continue
             wk = Worker(name, inp.manifest, s.index_dtype)
             hello = wk.recv()
             if not hello["available"]:

@@ -48,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--index-dtype", choices=("int32", "int64"), default="int32", help="TBE's ids")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tmp-dir", default=None, help="where the inputs are written")
+    ap.add_argument(
+        "--memory-wait-s",
+        type=float,
+        default=600.0,
+        help="how long a contender waits for free memory before it is skipped",
+    )
     ap.add_argument("--out", default=None)
     return ap
 
@@ -83,6 +89,7 @@ def main(argv=None) -> dict:
         index_dtype=args.index_dtype,
         contenders=contenders,
         tmp_dir=args.tmp_dir,
+        memory_wait_s=args.memory_wait_s,
     )
     partial = workloads != all_workloads or contenders is not None
     out = args.out or default_out(args.quick, partial)

@@ -166,10 +166,23 @@ class EmbarkContender:
         else:
             jax.block_until_ready((self.last, self.tables, self.slots))
 
-    def full_tables(self) -> dict[str, np.ndarray]:
+    def sampled_rows(self) -> dict[str, np.ndarray]:
+        """Table name -> the inputs' sampled rows of it, now. Gathered one group at a time
+        (`Lowered.unstack` of that group alone), so that at most one group's tables are
+        copied to the host at once."""
         if self.kind == "embark_collection":
-            return self.coll.full_tables()
-        return self.setup.lowered.unstack({k: np.asarray(v) for k, v in self.tables.items()})
+            lowered, buffers = self.coll.lowered, self.coll.buffer_values()
+        else:
+            lowered, buffers = self.setup.lowered, self.tables
+        index = {t.name: i for i, t in enumerate(self.inp.workload.tables)}
+        out = {}
+        for group in lowered.groups:
+            alone = dataclasses.replace(lowered, groups=(group,))
+            tables = alone.unstack({group.name: np.asarray(buffers[group.name])})
+            for name, table in tables.items():
+                out[name] = table[self.inp.sample_rows(index[name])]
+            del tables
+        return out
 
     def check(self, out_dir: str) -> dict:
         """Step 1 on batch 0: writes each feature's output and each table's sampled rows
@@ -179,10 +192,9 @@ class EmbarkContender:
         self.sync()
         for i, t in enumerate(w.tables):
             np.save(os.path.join(out_dir, f"out_{i}.npy"), np.asarray(outputs[w.feature(t)]))
-        tables = self.full_tables()
+        rows = self.sampled_rows()
         for i, t in enumerate(w.tables):
-            np.save(os.path.join(out_dir, f"rows_{i}.npy"), tables[t.name][self.inp.sample_rows(i)])
-        del tables
+            np.save(os.path.join(out_dir, f"rows_{i}.npy"), rows[t.name])
         return {
             "overflow": int(sum(np.sum(np.asarray(v)) for v in jax.tree.leaves(overflow))),
             "applied": bool(np.asarray(applied)),
