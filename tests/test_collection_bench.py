@@ -88,6 +88,19 @@ def test_ratios_are_samples_per_second_over_tbe():
     assert bench.ratios({"embark": recs["embark"]}) == {}
 
 
+def test_schedule_follows_memory(monkeypatch):
+    w = workloads.full()[2]  # one-4m: 1.9 GiB of tables
+    names = ["embark", "embark_rb", "tbe"]
+    need = sum(bench.memory_needed(w, n) for n in names)
+    monkeypatch.setattr(bench, "mem_available", lambda: need + 3 * 2**30)
+    assert bench.choose_schedule(w, names, "auto") == "interleaved"
+    monkeypatch.setattr(bench, "mem_available", lambda: need)
+    assert bench.choose_schedule(w, names, "auto") == "one-at-a-time"
+    assert bench.choose_schedule(w, names, "interleaved") == "interleaved"
+    assert bench.wait_for_memory(need + 1, 0.0, poll_s=0.0).startswith("not enough memory")
+    assert bench.wait_for_memory(need, 0.0) is None
+
+
 def _assert_ran(rec: dict, contenders: set[str], tbe_expected: bool) -> None:
     ran = set(rec["contenders"])
     if tbe_expected:
@@ -127,7 +140,9 @@ def test_quick_run_without_fbgemm(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBARK_BENCH_UNAVAILABLE", "tbe")
     out = tmp_path / "c.json"
     argv = ["--quick", "--rounds", "1", "--steps", "1", "--batches", "1", "--out", str(out)]
+    argv += ["--schedule", "one-at-a-time"]
     collection_main([*argv, "--workloads", "one-table-quick", "--contenders", "embark,tbe"])
     (rec,) = json.loads(out.read_text())["workloads"]
     _assert_ran(rec, {"embark", "tbe"}, tbe_expected=False)
+    assert rec["schedule"] == "one-at-a-time"
     assert "not run: ImportError" in bench.table([rec])

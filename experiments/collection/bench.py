@@ -5,24 +5,31 @@ ids, output gradients), then starts one worker process per contender (`worker.py
 time: it builds its state from the inputs, runs step 1 on batch 0 and writes that step's
 outputs and sampled updated rows, which the driver checks against the numpy reference
 (`data.reference_*`) and, for the embark contenders, against TBE's; then one untimed round
-warms it up (a contender is started only when the machine has memory for it, see
-`wait_for_memory`; otherwise it is skipped and listed as unavailable). Only then are the
-contenders timed: `rounds` rounds, each giving every
+warms it up. Only then are the contenders timed: `rounds` rounds, each giving every
 contender a turn of `steps` steps back to back (the worker waits for the last one), the
 starting contender rotating round by round, with a short idle gap before each turn. A
 contender's step time is its turn's time over `steps`; samples/s is the batch over it.
 
+Memory decides the schedule (`--schedule auto`, `choose_schedule`): `interleaved` (the above,
+every contender alive at once) when the machine has room for all of them by the estimate
+of `memory_needed`; else `one-at-a-time`: each contender is built, checked, warmed up and
+timed for its `rounds` turns alone, then ended before the next starts (the machine's load
+then differs between contenders; the JSON says which schedule ran). Either way a contender
+is started only once there is memory for it (`wait_for_memory`), or is skipped and listed
+as unavailable: on a shared machine the kernel's OOM killer could take another job.
+
 JSON (`--out`, default results/collection_bench.json; rewritten after every workload),
 schema "embark_jax.collection_bench/1":
 
-  schema, settings {rounds, steps, batches, seed, ids, index_dtype, gap_s, learning_rate, eps,
-                    tolerance}
+  schema, settings {rounds, steps, batches, seed, ids, index_dtype, contenders, gap_s,
+                    memory_wait_s, schedule (asked), learning_rate, eps, tolerance}
   machine {cpu_model, cpu_count, cpu_affinity, platform, python, numpy, loadavg_start,
            loadavg_end, mem_total_gib}
   checks_ok: every contender agreed with the reference on every workload
   workloads: [{
     workload: {name, note, tables: [{name, rows, dim, hotness}], batch, pooling, table_gib,
                ids_per_batch, output_dim}
+    schedule: "interleaved" or "one-at-a-time"
     unavailable: {contender: why it was not run (e.g. "ImportError: No module named ...")}
     contenders: {NAME: {                  # embark, embark_rb, embark_collection, tbe
       what, info (versions, threads), build_s, first_step_s,
@@ -78,6 +85,7 @@ class Settings:
     contenders: tuple[str, ...] | None = None  # None: each workload's own
     gap_s: float = GAP_S
     memory_wait_s: float = 600.0  # how long a contender waits for memory before it is skipped
+    schedule: str = "auto"  # "interleaved", "one-at-a-time" or "auto" (`choose_schedule`)
     tmp_dir: str | None = None  # where the inputs are written (default: the system's)
 
 
@@ -224,10 +232,13 @@ def ratios(contenders: dict[str, dict], peer: str = PEER) -> dict[str, dict]:
 # --- the run ---------------------------------------------------------------------------------
 
 
-def memory_needed(w: Workload) -> int:
-    """Bytes a contender may take on top of what is resident (its tables, a transient
-    second copy while it builds or steps, and the runtime): 2x the tables + 1 GiB."""
-    return 2 * w.table_bytes + 2**30
+def memory_needed(w: Workload, contender: str) -> int:
+    """Bytes a contender's process may take at its peak, estimated from runs here: an
+    embark contender 3x the tables + 1 GiB (tables-100's worker, 4.2 GiB of tables, reached
+    12.2 GiB in a step), TBE 1.3x the tables + 0.5 GiB (its weights, the copy-in's chunks)."""
+    if contender == PEER:
+        return int(1.3 * w.table_bytes) + 2**29
+    return 3 * w.table_bytes + 2**30
 
 
 def mem_available() -> int | None:
@@ -282,9 +293,13 @@ def say(msg: str) -> None:
 
 
 def bench_workload(w: Workload, s: Settings) -> dict:
-    """One workload: inputs, workers, checks, warm-up, then the timed rounds."""
+    """One workload: inputs, workers, checks, warm-up, then the timed rounds; all contenders
+    alive at once and interleaved when the machine has memory for them all, else one after
+    the other (`schedule`)."""
     root = tempfile.mkdtemp(prefix="embark_collection_", dir=s.tmp_dir)
     workers: dict[str, Worker] = {}
+    names = [c for c in (s.contenders or w.contenders) if c in CONTENDERS]
+    schedule = choose_schedule(w, names, s.schedule)
     rec = {
         "workload": {
             **w.to_json(),
@@ -292,77 +307,109 @@ def bench_workload(w: Workload, s: Settings) -> dict:
             "ids_per_batch": w.ids_per_batch,
             "output_dim": w.output_dim,
         },
+        "schedule": schedule,
         "unavailable": {},
         "contenders": {},
     }
-    names = [c for c in (s.contenders or w.contenders) if c in CONTENDERS]
     try:
         t0 = time.perf_counter()
         inp = D.Inputs(root, w, s.batches, s.seed, s.ids).write()
-        say(f"{w.summary()}: inputs written in {time.perf_counter() - t0:.1f} s")
+        say(f"{w.summary()}: inputs written in {time.perf_counter() - t0:.1f} s; {schedule}")
         ref = Reference(inp)
         for name in names:
-            short = wait_for_memory(memory_needed(w), s.memory_wait_s)
-            if short:
-                rec["unavailable"][name] = short
-                say(f"  {name}: not run ({short})")
-                continue
-            wk = Worker(name, inp.manifest, s.index_dtype)
-            hello = wk.recv()
-            if not hello["available"]:
-                rec["unavailable"][name] = hello["reason"]
-                wk.close()
-                say(f"  {name}: not run ({hello['reason']})")
+            wk = _prepare(name, inp, ref, s, rec)
+            if wk is None:
                 continue
             workers[name] = wk
-            built = wk.call(cmd="build")
-            out_dir = os.path.join(root, f"check_{name}")
-            os.makedirs(out_dir)
-            step1 = wk.call(cmd="check", dir=out_dir)
-            check = {**check_against_reference(ref, out_dir), **step1}
-            first_step_s = check.pop("first_step_s")
-            if name != PEER:
-                check["ok"] = check["ok"] and check["overflow"] == 0 and check["applied"]
-            wk.call(cmd="run", steps=s.steps)  # warm-up round
-            rec["contenders"][name] = {
-                "what": CONTENDERS[name],
-                "info": built["info"],
-                "build_s": built["build_s"],
-                "first_step_s": first_step_s,
-                "check": check,
-                "memory": {"after_build_rss_gib": built["memory"]["rss_gib"]},
-            }
-            say(
-                f"  {name}: built in {built['build_s']:.1f} s, step 1 {first_step_s:.2f} s; "
-                f"vs reference: outputs {check['outputs_max_abs']:.2e}, rows "
-                f"{check['rows_max_abs']:.2e}, untouched {check['untouched_max_abs']:.1e} "
-                f"({'ok' if check['ok'] else 'FAILED'})"
-            )
+            if schedule == "one-at-a-time":
+                _finish(rec, {name: wk}, _rounds({name: wk}, s))
+                workers.pop(name).close()
+        if schedule == "interleaved":
+            _finish(rec, workers, _rounds(workers, s))
+        del ref
         rec["agreement"] = {}
-        if PEER in workers:
-            peer_dir = os.path.join(root, f"check_{PEER}")
-            for name in workers:
+        peer_dir = os.path.join(root, f"check_{PEER}")
+        if PEER in rec["contenders"]:
+            for name in rec["contenders"]:
                 if name != PEER:
                     out_dir = os.path.join(root, f"check_{name}")
                     rec["agreement"][name] = agreement(inp, out_dir, peer_dir)
-        for name in workers:
-            shutil.rmtree(os.path.join(root, f"check_{name}"), ignore_errors=True)
-        times = _rounds(workers, s)
-        for name, wk in workers.items():
-            c = rec["contenders"][name]
-            c.update(summarize(times[name], w.batch))
-            mem = wk.call(cmd="memory")["memory"]
-            c["memory"] |= {
-                "peak_rss_gib": max(wk.whole_peak, mem["peak_rss_gib"]),
-                "steps_peak_rss_gib": mem["peak_rss_gib"] if wk.reset_ok else None,
-                "rss_gib": mem["rss_gib"],
-            }
         rec["ratios"] = ratios(rec["contenders"])
     finally:
         for wk in workers.values():
             wk.close()
         shutil.rmtree(root, ignore_errors=True)
     return rec
+
+
+def choose_schedule(w: Workload, names: list[str], asked: str) -> str:
+    """`asked`, or under "auto" "interleaved" when every contender's estimated memory
+    (`memory_needed`) fits in what is available with 2 GiB to spare, else "one-at-a-time"."""
+    if asked != "auto":
+        return asked
+    avail = mem_available()
+    need = sum(memory_needed(w, n) for n in names) + 2 * 2**30
+    return "interleaved" if avail is None or need <= avail else "one-at-a-time"
+
+
+def _prepare(name: str, inp: D.Inputs, ref: Reference, s: Settings, rec: dict) -> Worker | None:
+    """Starts a contender's worker (once there is memory for it), builds it, checks its
+    step 1 and runs the warm-up round; None (and why in `rec["unavailable"]`) when it
+    cannot run."""
+    short = wait_for_memory(memory_needed(inp.workload, name), s.memory_wait_s)
+    if short:
+        rec["unavailable"][name] = short
+        say(f"  {name}: not run ({short})")
+        return None
+    wk = Worker(name, inp.manifest, s.index_dtype)
+    hello = wk.recv()
+    if not hello["available"]:
+        rec["unavailable"][name] = hello["reason"]
+        wk.close()
+        say(f"  {name}: not run ({hello['reason']})")
+        return None
+    try:
+        built = wk.call(cmd="build")
+        out_dir = os.path.join(inp.root, f"check_{name}")
+        os.makedirs(out_dir)
+        step1 = wk.call(cmd="check", dir=out_dir)
+        wk.call(cmd="run", steps=s.steps)  # warm-up round
+    except BaseException:
+        wk.close()
+        raise
+    check = {**check_against_reference(ref, out_dir), **step1}
+    first_step_s = check.pop("first_step_s")
+    if name != PEER:
+        check["ok"] = check["ok"] and check["overflow"] == 0 and check["applied"]
+    rec["contenders"][name] = {
+        "what": CONTENDERS[name],
+        "info": built["info"],
+        "build_s": built["build_s"],
+        "first_step_s": first_step_s,
+        "check": check,
+        "memory": {"after_build_rss_gib": built["memory"]["rss_gib"]},
+    }
+    say(
+        f"  {name}: built in {built['build_s']:.1f} s, step 1 {first_step_s:.2f} s; "
+        f"vs reference: outputs {check['outputs_max_abs']:.2e}, rows "
+        f"{check['rows_max_abs']:.2e}, untouched {check['untouched_max_abs']:.1e} "
+        f"({'ok' if check['ok'] else 'FAILED'})"
+    )
+    return wk
+
+
+def _finish(rec: dict, workers: dict[str, Worker], times: dict[str, list[float]]) -> None:
+    """Step times, samples/s and memory of the timed contenders into `rec`."""
+    batch = rec["workload"]["batch"]
+    for name, wk in workers.items():
+        c = rec["contenders"][name]
+        c.update(summarize(times[name], batch))
+        mem = wk.call(cmd="memory")["memory"]
+        c["memory"] |= {
+            "peak_rss_gib": max(wk.whole_peak, mem["peak_rss_gib"]),
+            "steps_peak_rss_gib": mem["peak_rss_gib"] if wk.reset_ok else None,
+            "rss_gib": mem["rss_gib"],
+        }
 
 
 def _rounds(workers: dict[str, Worker], s: Settings) -> dict[str, list[float]]:

@@ -49,6 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tmp-dir", default=None, help="where the inputs are written")
     ap.add_argument(
+        "--schedule",
+        choices=("auto", "interleaved", "one-at-a-time"),
+        default="auto",
+        help="contenders alive at once and interleaved, or one after the other; auto: "
+        "interleaved when the machine has memory for all of them",
+    )
+    ap.add_argument(
         "--memory-wait-s",
         type=float,
         default=600.0,
@@ -90,6 +97,7 @@ def main(argv=None) -> dict:
         contenders=contenders,
         tmp_dir=args.tmp_dir,
         memory_wait_s=args.memory_wait_s,
+        schedule=args.schedule,
     )
     partial = workloads != all_workloads or contenders is not None
     out = args.out or default_out(args.quick, partial)

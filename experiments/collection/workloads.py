@@ -8,7 +8,7 @@ default. Nothing here imports JAX or torch: the driver and both libraries' worke
   vocabularies capped at 20,000, dim 128), each feature's hotness the preset's mean
   hotness rounded up (`ModelSpec.embedding_config`), sum pooling, batch 4096.
 - `tables-100`: 100 tables from a fixed generator (`numpy.random.default_rng(100)`): rows
-  log-uniform in [1e4, 1e6], dim 32 or 64, hotness 1..10, sum pooling, batch 8192 (3.8 GiB
+  log-uniform in [1e4, 1e6], dim 32 or 64, hotness 1..10, sum pooling, batch 8192 (4.2 GiB
   of float32 tables).
 - `one-4m`: one 4,000,000 x 128 table (1.9 GiB), hotness 32, sum pooling, batch 4096.
 
