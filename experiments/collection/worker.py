@@ -47,6 +47,16 @@ def memory() -> dict:
     return {"rss_gib": out.get("VmRSS"), "peak_rss_gib": out.get("VmHWM")}
 
 
+def volunteer_for_oom_killer() -> None:
+    """oom_score_adj 1000: should memory run out, the kernel ends this worker before any
+    other job on a shared machine (raising one's own score needs no privilege)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("1000")
+    except OSError:
+        pass
+
+
 def reset_peak() -> bool:
     """Resets VmHWM to the current RSS (Linux >= 4.0); False where that is not allowed."""
     try:
@@ -134,6 +144,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     proto = _protocol_stream()
     faulthandler.enable()
+    volunteer_for_oom_killer()
     try:
         worker = Worker(args.contender, args.manifest, args.index_dtype)
     except ImportError as e:
