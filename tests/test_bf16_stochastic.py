@@ -176,18 +176,49 @@ def test_seeds_decide_the_rounding():
     def upd(rows, seed):
         return ops.sparse_update(table, (), rows, g, opt, assume_unique=True, seed=seed)[0]
 
-    a, b = upd(rows, jnp.uint32(1)), upd(rows, jnp.uint32(1))
-    np.testing.assert_array_equal(bits(a), bits(b))
+    a = upd(rows, jnp.uint32(1))
+    np.testing.assert_array_equal(bits(a), _np_stochastic_bf16(1.0 - 1e-3, 1, 300, 8))
     np.testing.assert_array_equal(bits(upd(rows[perm], jnp.uint32(1))), bits(a))
     c = upd(rows, jnp.uint32(2))
     assert (bits(a) != bits(c)).mean() > 0.2  # each element rounds down w.p. about 1/4
-    # per-step seeds: a hash of the key and the step
+    # per-step seeds: a hash of the key and the step, as written out below in numpy
     key = jax.random.key_data(jax.random.key(0))
     seeds = {int(O.rounding_seed(key, s)) for s in range(100)}
     assert len(seeds) == 100
-    assert int(O.rounding_seed(key, 5)) == int(O.rounding_seed(key, 5))
-    other = jax.random.key_data(jax.random.key(1))
-    assert int(O.rounding_seed(key, 5)) != int(O.rounding_seed(other, 5))
+    for k in (key, jax.random.key_data(jax.random.key(1))):
+        for step in (0, 5, 2**31 - 1):
+            assert int(O.rounding_seed(k, step)) == _np_rounding_seed(np.asarray(k), step)
+
+
+def _np_mix32(x: int) -> int:
+    """Wellons' lowbias32 on a Python int (the ABI's Mix32), written out independently."""
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def _np_rounding_seed(key_words, step: int) -> int:
+    h = _np_mix32(int(step) ^ 0x85EBCA6B)
+    for word in np.ravel(key_words).astype(np.uint32):
+        h = _np_mix32(h ^ int(word))
+    return h
+
+
+def _np_stochastic_bf16(value: float, seed: int, rows: int, dim: int) -> np.ndarray:
+    """The bf16 bits of float32 `value` stored at every (row, column) of a [rows, dim] table
+    under `seed`: RowKey/ElementBits/StochasticBf16 of embark_abi.h, in plain Python."""
+    f32 = int(np.float32(value).view(np.uint32))
+    out = np.zeros((rows, dim), np.uint16)
+    for r in range(rows):
+        h = _np_mix32(seed ^ 0x9E3779B9)
+        h = _np_mix32(_np_mix32(h ^ r) ^ 0)
+        for j in range(dim):
+            random = _np_mix32(h ^ j)
+            out[r, j] = ((f32 + (random >> 16)) >> 16) & 0xFFFF
+    return out
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["sparse_update", "fused"])
