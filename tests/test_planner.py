@@ -25,6 +25,7 @@ from embark_jax.planner import (
     preset_names,
 )
 from embark_jax.planner import cost as C
+from embark_jax.planner.baselines import best_of_baselines
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 SGD, ADAGRAD = (0, 0), (1, 0)  # optimizer slot footprints (per element, per row)
@@ -180,7 +181,9 @@ def models(draw):
 def test_plan_properties(model, nodes, batch_per_device):
     hw = HW1.with_shape(nodes, 8 // nodes)
     batch = batch_per_device * 8
-    ev = plan(model, batch, hw)
+    # the search alone, without its fallback to the best baseline (with it, "never slower
+    # than a baseline" would hold by construction)
+    ev = plan(model, batch, hw, compare_baselines=False)
     # a valid plan: every row and column owned exactly once (Plan validates), round-trips
     assert Plan.from_json(ev.plan.to_json()) == ev.plan
     assert {t.name for t in ev.plan.tables} == {t.name for t in model.tables}
@@ -189,15 +192,27 @@ def test_plan_properties(model, nodes, batch_per_device):
         assert t.cluster is not Cluster.RB or model.table(t.name).combiner is not Combiner.NONE
     assert ev.device_memory.max() <= 0.9 * hw.memory_bytes * (1 + 1e-9)
     # deterministic
-    again = plan(model, batch, hw)
+    again = plan(model, batch, hw, compare_baselines=False)
     assert again.plan == ev.plan and again.step_s == ev.step_s
-    # never predicted slower than any baseline that fits
+    # the search finds a plan never predicted slower than any baseline that fits
     for b in BASELINES:
         try:
             other = baseline(model, batch, hw, b)
         except PlannerError:
             continue
         assert ev.step_s <= other.step_s * (1 + 1e-9), b
+
+
+def test_the_fallback_takes_the_fastest_baseline():
+    model = small_model()
+    every = {b: baseline(model, 4096, HW1, b, with_bound=False) for b in BASELINES}
+    slowest = max(every, key=lambda b: every[b].step_s)
+    fastest = min(every, key=lambda b: every[b].step_s)
+    assert every[fastest].step_s < every[slowest].step_s
+    got, winner = best_of_baselines(every[slowest], model, 4096, HW1, 0.9)
+    assert winner == fastest and got.step_s == every[fastest].step_s
+    got, winner = best_of_baselines(every[fastest], model, 4096, HW1, 0.9)
+    assert winner is None and got is every[fastest]
 
 
 # --- presets and CLI --------------------------------------------------------------------------
