@@ -3,6 +3,11 @@ against. Kept deliberately naive."""
 
 import numpy as np
 
+# bfloat16 keeps 8 significant bits: neighbouring values are 2**-7 of a value apart at most
+# (one ulp), and rounding to the nearest moves a value by at most half of that
+BF16_ULP = 2.0**-7
+BF16_ROUNDING = 2.0**-8
+
 
 def segment_sum(values, seg, num_segments):
     out = np.zeros((num_segments, *values.shape[1:]), np.float64)
