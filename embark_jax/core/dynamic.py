@@ -26,12 +26,13 @@ Plain Python and numpy; importing it never loads JAX.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from typing import Any
 
 import ml_dtypes
 import numpy as np
+
+from embark_jax.core.choice import Choice
 
 __all__ = [
     "EMPTY_WORD",
@@ -55,7 +56,7 @@ _TABLE_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16))
 _INITIALIZERS = ("uniform", "zeros")
 
 
-class Eviction(enum.Enum):
+class Eviction(Choice):
     """What a full bucket does when a new id is admitted (`abi.EvictionId`).
 
     `LRU` replaces the entry seen longest ago, `LFU` the entry seen the fewest times (ties:
@@ -68,16 +69,6 @@ class Eviction(enum.Enum):
     NONE = "none"
     LRU = "lru"
     LFU = "lfu"
-
-    @classmethod
-    def parse(cls, value: Eviction | str) -> Eviction:
-        if isinstance(value, Eviction):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            choices = ", ".join(e.value for e in cls)
-            raise ValueError(f"unknown eviction {value!r}; expected one of: {choices}") from None
 
 
 def _is_int(value: Any) -> bool:

@@ -10,30 +10,16 @@ string.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from typing import Any
 
+from embark_jax.core.choice import Choice
 from embark_jax.core.specs import as_dtype
 
 __all__ = ["CommDtype", "DPGradients", "OverflowPolicy", "RuntimeOptions"]
 
 
-class _Parse(enum.Enum):
-    @classmethod
-    def parse(cls, value: Any):
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            choices = ", ".join(c.value for c in cls)
-            raise ValueError(
-                f"{cls.__name__}: unknown value {value!r}; expected one of: {choices}"
-            ) from None
-
-
-class CommDtype(_Parse):
+class CommDtype(Choice):
     """The dtype embedding vectors and their gradients travel in between devices."""
 
     TABLE = "table"  # the table's own dtype (no conversion)
@@ -41,7 +27,7 @@ class CommDtype(_Parse):
     BFLOAT16 = "bfloat16"
 
 
-class DPGradients(_Parse):
+class DPGradients(Choice):
     """How DP (replicated) tables exchange gradients."""
 
     AUTO = "auto"  # whichever of the two moves fewer bytes
@@ -49,7 +35,7 @@ class DPGradients(_Parse):
     SPARSE = "sparse"  # all-gather of every device's per-id gradients
 
 
-class OverflowPolicy(_Parse):
+class OverflowPolicy(Choice):
     """What an id that overflows a routing or dedup capacity does."""
 
     COUNT = "count"  # dropped from this step, counted per table and reported

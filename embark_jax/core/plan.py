@@ -25,7 +25,6 @@ is an error; each `PlanError` names the table and the field.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import math
 import numbers
@@ -34,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from embark_jax.core.choice import Choice
 from embark_jax.core.specs import Combiner, EmbeddingConfig
 
 __all__ = ["FORMAT", "Cluster", "Plan", "PlanError", "TablePlan", "Topology"]
@@ -45,7 +45,7 @@ class PlanError(ValueError):
     """An invalid plan; the message names the table and the problem."""
 
 
-class Cluster(enum.Enum):
+class Cluster(Choice):
     """How a table's lookups communicate (docs/design.md §3)."""
 
     DP = "dp"  # replicated, local lookups, gradients gathered
@@ -53,13 +53,8 @@ class Cluster(enum.Enum):
     UB = "ub"  # unique-based: unique ids routed, one vector per unique id returned
 
     @classmethod
-    def parse(cls, value: Cluster | str) -> Cluster:
-        if isinstance(value, Cluster):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            raise PlanError(f"unknown cluster {value!r}; expected dp, rb or ub") from None
+    def error_type(cls) -> type[Exception]:
+        return PlanError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -8,12 +8,13 @@ the cross references once, so everything downstream can trust it.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ml_dtypes
 import numpy as np
+
+from embark_jax.core.choice import Choice
 
 __all__ = [
     "Combiner",
@@ -53,7 +54,7 @@ def as_dtype(dtype: Any) -> np.dtype:
     return np.dtype(dtype)
 
 
-class Combiner(enum.Enum):
+class Combiner(Choice):
     """How the vectors of one sample's ids are combined.
 
     `SUM`, `MEAN` and `SQRTN` pool one vector per sample (MEAN divides by the sum of the
@@ -66,16 +67,6 @@ class Combiner(enum.Enum):
     MEAN = "mean"
     SQRTN = "sqrtn"
     NONE = "none"
-
-    @classmethod
-    def parse(cls, value: Combiner | str) -> Combiner:
-        if isinstance(value, Combiner):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            choices = ", ".join(c.value for c in cls)
-            raise ValueError(f"unknown combiner {value!r}; expected one of: {choices}") from None
 
     @property
     def pooled(self) -> bool:

@@ -6,12 +6,12 @@ from embark_jax.core.exports import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-    "Batch": "batch",
-    "CriteoMultiHot": "criteo",
-    "CriteoTSV": "criteo",
-    "DataError": "batch",
-    "Prefetcher": "prefetch",
-    "SparseFeatures": "sparse",
-    "SyntheticDataset": "synthetic",
+        "Batch": "batch",
+        "CriteoMultiHot": "criteo",
+        "CriteoTSV": "criteo",
+        "DataError": "batch",
+        "Prefetcher": "prefetch",
+        "SparseFeatures": "sparse",
+        "SyntheticDataset": "synthetic",
     },
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import re
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -80,18 +81,22 @@ def dense_transform(raw: np.ndarray) -> np.ndarray:
 
 
 class CriteoBase:
-    """Batching, sharding over processes and prefetching; subclasses read samples."""
+    """Batching, sharding over processes and prefetching; subclasses read samples: their
+    `_open(source, **options)` opens `source` with the format's own keyword options, sets
+    `_what` (the source in messages) and `_range`."""
 
     REASONS: tuple[str, ...] = ()
 
     def __init__(
         self,
+        source: str,
         config: EmbeddingConfig,
         *,
         batch_size: int,
-        process_index: int,
-        process_count: int,
-        prefetch: int,
+        process_index: int = 0,
+        process_count: int = 1,
+        prefetch: int = 1,
+        **options: Any,
     ):
         features = list(config.features)
         if len(features) != NUM_CATEGORICAL:
@@ -120,6 +125,11 @@ class CriteoBase:
         self._lock = threading.Lock()
         self.bad_rows: dict[str, int] = {r: 0 for r in self.REASONS}
         self.bad_examples: list[tuple[int, str]] = []
+        self._open(str(source), **options)
+        self._check_nonempty(self._what)
+
+    def _open(self, source: str, **options: Any) -> None:
+        raise NotImplementedError
 
     # --- samples -------------------------------------------------------------------------
 

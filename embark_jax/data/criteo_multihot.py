@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.batch import DataError
 from embark_jax.data.criteo_base import NUM_CATEGORICAL, NUM_DENSE, CriteoBase
 from embark_jax.data.sparse import PAD
@@ -84,25 +83,8 @@ class CriteoMultiHot(CriteoBase):
     REASONS = ("negative_id",)
     _where = "sample"
 
-    def __init__(
-        self,
-        directory: str,
-        config: EmbeddingConfig,
-        *,
-        batch_size: int,
-        process_index: int = 0,
-        process_count: int = 1,
-        prefetch: int = 1,
-        days: Sequence[int] | None = None,
-    ):
-        super().__init__(
-            config,
-            batch_size=batch_size,
-            process_index=process_index,
-            process_count=process_count,
-            prefetch=prefetch,
-        )
-        self.directory = str(directory)
+    def _open(self, directory: str, *, days: Sequence[int] | None = None) -> None:
+        self.directory = directory
         self._what = f"criteo-multihot {self.directory}"
         found = sorted(
             int(m.group(1)) for n in os.listdir(self.directory) if (m := _DAY.fullmatch(n))
@@ -117,7 +99,6 @@ class CriteoMultiHot(CriteoBase):
         sizes = [len(x) for x in self._labels_by_day]
         self._starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self._range = (0, int(self._starts[-1]))
-        self._check_nonempty(self._what)
 
     def _file(self, name: str) -> str:
         return os.path.join(self.directory, name)

@@ -6,7 +6,6 @@ import os
 
 import numpy as np
 
-from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.batch import DataError
 from embark_jax.data.criteo_base import (
     NUM_CATEGORICAL,
@@ -41,32 +40,14 @@ class CriteoTSV(CriteoBase):
     REASONS = ("field_count", "label", "dense", "categorical")
     _where = "line"
 
-    def __init__(
-        self,
-        path: str,
-        config: EmbeddingConfig,
-        *,
-        batch_size: int,
-        process_index: int = 0,
-        process_count: int = 1,
-        prefetch: int = 1,
-        index_cache: str | None = None,
-    ):
-        super().__init__(
-            config,
-            batch_size=batch_size,
-            process_index=process_index,
-            process_count=process_count,
-            prefetch=prefetch,
-        )
-        self.path = str(path)
+    def _open(self, path: str, *, index_cache: str | None = None) -> None:
+        self.path = path
         self._what = f"criteo-tsv {self.path}"
         self._index_cache = index_cache
         self._handle = _Fd(self.path)  # before indexing: what is indexed is what is read
         self._stamp = self._file_stamp()
         self._offsets, self._lengths, self._all_labels = self._index(index_cache)
         self._range = (0, len(self._offsets))
-        self._check_nonempty(self._what)
 
     def _file_stamp(self) -> np.ndarray:
         """(size, mtime in ns) of the open file: the index holds while they do."""

@@ -154,6 +154,7 @@ def sparse_update(table, slot_a, slot_b, rows, grads, hparams, kernel_id: int):
 def sparse_grad_update(
     table, slot_a, slot_b, grads, ids, segment_ids, scale, hparams, kernel_id: int, per_id: bool
 ):
+    operands = (table, slot_a, slot_b, grads, ids, segment_ids, scale, hparams)
     return _call(
         abi.Target.SPARSE_GRAD_UPDATE,
         (
@@ -164,18 +165,7 @@ def sparse_grad_update(
             _dedup_workspace(ids, table.shape[1]),
         ),
         input_output_aliases={0: 0, 1: 1, 2: 2},
-    )(
-        table,
-        slot_a,
-        slot_b,
-        grads,
-        ids,
-        segment_ids,
-        scale,
-        hparams,
-        optimizer=np.int64(kernel_id),
-        per_id=np.int64(per_id),
-    )[:4]
+    )(*operands, optimizer=np.int64(kernel_id), per_id=np.int64(per_id))[:4]
 
 
 def sparse_grad_stage(
@@ -191,6 +181,7 @@ def sparse_grad_stage(
     per_id: bool,
     slot_widths: tuple[int, int],
 ):
+    operands = (table, slot_a, slot_b, grads, ids, segment_ids, scale, hparams)
     n, d = ids.shape[0], table.shape[1]
     staged = [result_type(ids, (n, w) if w else (1,), jnp.float32) for w in slot_widths]
     return _call(
@@ -203,18 +194,7 @@ def sparse_grad_stage(
             result_type(ids, (), jnp.int32),
             _dedup_workspace(ids, d),
         ),
-    )(
-        table,
-        slot_a,
-        slot_b,
-        grads,
-        ids,
-        segment_ids,
-        scale,
-        hparams,
-        optimizer=np.int64(kernel_id),
-        per_id=np.int64(per_id),
-    )[:6]
+    )(*operands, optimizer=np.int64(kernel_id), per_id=np.int64(per_id))[:6]
 
 
 def commit_rows(table, slot_a, slot_b, rows, values, staged_a, staged_b, commit, kernel_id: int):

@@ -9,24 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import enum
 from collections.abc import Iterator
+
+from embark_jax.core.choice import Choice
 
 __all__ = ["Backend", "current_backend", "use_backend"]
 
 
-class Backend(enum.Enum):
+class Backend(Choice):
     FFI = "ffi"
     REFERENCE = "reference"
 
     @classmethod
     def parse(cls, value: Backend | str | None) -> Backend | None:
-        if value is None or isinstance(value, Backend):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            raise ValueError(f"unknown backend {value!r}; expected 'ffi' or 'reference'") from None
+        return None if value is None else super().parse(value)
 
 
 _BACKEND: contextvars.ContextVar[Backend] = contextvars.ContextVar(

@@ -101,15 +101,10 @@ class PendingSave:
 
 
 def save_async(
-    directory: str,
-    setup: TrainSetup,
-    state: TrainState,
-    *,
-    step: int | None = None,
-    data_position: int | None = None,
-    max_to_keep: int | None = 3,
+    directory: str, setup: TrainSetup, state: TrainState, *, step: int | None = None, **options
 ) -> PendingSave:
-    """Like `save`, but writes in a background thread while training goes on.
+    """Like `save` (the same keyword options: `step`, `data_position`, `max_to_keep`), but
+    writes in a background thread while training goes on.
 
     The state is first copied on the devices (in-place training donates its buffers at the
     next step), which costs one extra copy of the tables and slots in device memory until the
@@ -124,14 +119,7 @@ def save_async(
 
     def run():
         try:
-            save(
-                directory,
-                setup,
-                snapshot,
-                step=step,
-                data_position=data_position,
-                max_to_keep=max_to_keep,
-            )
+            save(directory, setup, snapshot, step=step, **options)
         except BaseException as e:  # surfaced by wait()
             box["error"] = e
 
