@@ -1,4 +1,4 @@
-"""The on-device bounds check (issue 11 item 6, docs/design.md §6): a batch built without a
+"""The on-device bounds check (docs/design.md §6): a batch built without a
 config may hold ids outside their table. In every cluster they must be dropped like
 padding, counted per table, raise under the error policy, and never read or update the
 rows of a table stacked beside theirs in the same buffer."""

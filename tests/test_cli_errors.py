@@ -1,5 +1,5 @@
 """Every user mistake on the command line is one `error:` line and exit code 2: no
-traceback, and nothing written (issues 11 item 13 and 13 item 5)."""
+traceback, and nothing written."""
 
 import os
 import re

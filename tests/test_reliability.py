@@ -1,4 +1,4 @@
-"""Reliability of the checkpoint directory (issue #11): pruning across runs, atomic re-saves
+"""Reliability of the checkpoint directory: pruning across runs, atomic re-saves
 (an exception injected at every rename, and one real `kill -9`), leftovers cleaned, table
 names that cannot leave the checkpoint, writability checked before training, clear errors
 for damaged metadata files."""

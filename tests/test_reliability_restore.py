@@ -1,4 +1,4 @@
-"""Restores and imports that fail (issue #11 items 3, 9, 10): every mismatch is a one-line
+"""Restores and imports that fail: every mismatch is a one-line
 `ValueError` naming the table and the problem, and the live state still steps afterwards
 (no "Array has been deleted")."""
 
