@@ -119,8 +119,8 @@ def production(hotness: int, dist: str, dtype: str = "float32", vocab: int = PRO
 
 _DISTS, _HOT = ("uniform", "zipf"), (20, 80)
 # The GPU check's work, most valuable first, since a run stopped by its time budget keeps
-# what it measured: (1) the points with a target bar, float32 forward and backward at hotness 20 and 80,
-# then one-hot; (2) the same on bfloat16 tables; (3) unique and segment_sum.
+# what it measured: (1) the points with a target bar, float32 forward and backward at
+# hotness 20 and 80, then one-hot; (2) the same on bfloat16 tables; (3) unique and segment_sum.
 LOOP_QUICK: list[tuple[Point, tuple[str, ...]]] = [
     *[(production(h, d), HEADLINE_OPS) for d in _DISTS for h in _HOT],
     *[(production(1, d), HEADLINE_OPS) for d in _DISTS],
