@@ -9,7 +9,7 @@
 #
 # Outputs under $OUT (at most 7 files): gpu_check.txt (the whole log), gpu_check.json
 # (versions, each step's status and seconds, the GPU test summary, every kernel's GB/s,
-# fraction of the copy measured in the same run and ratio to XLA, the bar per shape,
+# fraction of the copy measured in the same run and ratio to XLA, the target bar per shape,
 # the step's numbers), gpu_check_steps.tsv, gpu_tests.xml, kernels_gpu.json (the loop
 # benchmark), gpu_step.json (the step), and kernels_gpu_full.json when time is left.
 # kernels_gpu.json and gpu_step.json are rewritten as they go: a step stopped by its limit

@@ -1,4 +1,5 @@
-"""Stochastic rounding of bfloat16 tables (issue 11: 20 SGD steps of 1e-3 left 1.0 unchanged).
+"""Stochastic rounding of bfloat16 tables: small updates survive in expectation (rounded to
+nearest, 20 SGD steps of 1e-3 leave 1.0 unchanged).
 
 Near 1.0 the bfloat16 step is 2^-8 below 1 and 2^-7 above, so an SGD update of 1e-3 is
 rounded away to nearest, while a stochastic rounding keeps it in expectation: the statistical
@@ -66,7 +67,7 @@ def sgd_steps(table, seeds, *, fused, backend, stochastic):
 @pytest.mark.parametrize("fused", [False, True], ids=["sparse_update", "fused"])
 @pytest.mark.parametrize("backend", ["ffi", "reference"])
 def test_small_sgd_updates_survive_in_expectation(fused, backend):
-    """The issue's case: 20 steps of 1e-3 from 1.0 end near 0.98 on average (per-element
+    """20 SGD steps of 1e-3 from 1.0 end near 0.98 on average (per-element
     standard deviation < 0.01, so the mean over 4096 elements is within 1e-3 of it); round to
     nearest leaves every element at exactly 1.0."""
     table = jnp.ones((512, 8), BF16)

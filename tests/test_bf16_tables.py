@@ -1,4 +1,4 @@
-"""bfloat16 tables (`TableConfig(dtype=bfloat16)`) end to end (issue 17, untested behaviours):
+"""bfloat16 tables (`TableConfig(dtype=bfloat16)`) end to end:
 through the collection (lookup and the sparse update against a float64 numpy reference
 at bf16 precision), training (`create` + `StepRunner`) and the
 checkpoint round trip (bit-exact).

@@ -1,4 +1,4 @@
-"""The on-device bounds check (issue 11 item 6, docs/design.md §6): a batch built without a
+"""The on-device bounds check (docs/design.md §6): a batch built without a
 config may hold ids outside their table. In every cluster they must be dropped like
 padding, counted per table, raise under the error policy, and never read or update the
 rows of a table stacked beside theirs in the same buffer."""
@@ -173,8 +173,9 @@ def test_a_hand_built_batch_of_other_integer_ids_runs_as_its_int32_twin(dtype):
 
 
 def test_ids_that_would_wrap_are_refused_by_feature_before_any_device_sees_them():
-    """Before: JAX wrapped a host int64 id of 2**32 + 5 to row 5 (64-bit types off), which
-    the device check took for a valid id: row 5 was read and updated, nothing counted."""
+    """A host int64 id of 2**32 + 5 with 64-bit types off would wrap to row 5 in JAX, which
+    the device check takes for a valid id (row 5 read and updated, nothing counted): the
+    host refuses it, naming the feature."""
     config, plan = _config("ub"), _plan("ub")
     coll = EmbeddingCollection(
         config, plan, plan.make_mesh(), rngs=nnx.Rngs(0), optimizer=O.SGD(learning_rate=0.5)
@@ -235,8 +236,8 @@ def test_a_hand_built_batch_out_of_layout_gets_one_line_naming_the_feature():
 
 
 def test_with_64_bit_types_uint32_ids_are_widened_and_nothing_is_cast_unsafely():
-    """Before: every lookup under `jax_enable_x64` warned (FutureWarning, to become an
-    error) that the invalid count was scattered from int64 into int32."""
+    """Under `jax_enable_x64` a lookup raises no warning: the invalid count is not scattered
+    from int64 into int32 (a FutureWarning, to become an error)."""
     x64 = jax.enable_x64(True) if hasattr(jax, "enable_x64") else jax.experimental.enable_x64()
     with x64, warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -101,8 +101,8 @@ def test_round_trip_is_bit_exact(tmp_path):
 
 
 def test_relative_directories_save_and_restore(tmp_path, monkeypatch):
-    """Before: Orbax refused them ("Checkpoint path should be absolute") and a failed save
-    left its temporary directory behind (a stranger's find)."""
+    """Relative directories save and restore (Orbax alone refuses them: "Checkpoint path
+    should be absolute"), leaving only the committed step in the directory."""
     ds = SyntheticDataset(CFG, batch_size=B, seed=1)
     a = trainer(mixed_plan())
     a.step(ds.batch(0))
@@ -117,7 +117,7 @@ def test_relative_directories_save_and_restore(tmp_path, monkeypatch):
 
 def test_files_where_checkpoints_go_are_replaced_and_cleaned(tmp_path):
     """A plain file at step_N, or left under a leftover's name, is removed by the next
-    commit. Before: rmtree failed on it silently and it stayed as step_N.old-* forever."""
+    commit, so no step_N.old-* is left behind by a silently failing rmtree."""
     a = trainer(mixed_plan())
     d = tmp_path / "ck"
     d.mkdir()
@@ -126,7 +126,7 @@ def test_files_where_checkpoints_go_are_replaced_and_cleaned(tmp_path):
     elsewhere = tmp_path / "elsewhere"  # a complete checkpoint outside, linked in
     elsewhere.mkdir()
     (elsewhere / "meta.json").write_text("{}")
-    (d / "step_00000003.old-l").symlink_to(elsewhere)  # before: renamed to step_00000003
+    (d / "step_00000003.old-l").symlink_to(elsewhere)  # removed, not renamed to step_00000003
     (d / "step_00000006.tmp-l").symlink_to(tmp_path / "nowhere")
     path = a.save(str(d), step=1)
     assert sorted(os.listdir(d)) == ["step_00000001"]
@@ -139,7 +139,7 @@ def test_files_where_checkpoints_go_are_replaced_and_cleaned(tmp_path):
     assert sorted(os.listdir(d)) == ["step_00000002", "step_00000009"]
     assert ckpt.latest_step(str(d)) == 2
     with pytest.raises(NotADirectoryError, match="step_00000009' is not a directory"):
-        a.save(str(d / "step_00000009"))  # before: a bare error naming a .tmp- path
+        a.save(str(d / "step_00000009"))  # names the checkpoint, not a .tmp- path
 
 
 def test_a_step_that_will_not_go_blocks_no_later_save(tmp_path, monkeypatch):
@@ -158,7 +158,7 @@ def test_a_step_that_will_not_go_blocks_no_later_save(tmp_path, monkeypatch):
     monkeypatch.setattr(
         checkpoint_dir, "_delete", lambda p: None if p.endswith("step_00000001") else real(p)
     )
-    a.save(str(d), step=2, max_to_keep=None)  # before: OSError "Directory not empty"
+    a.save(str(d), step=2, max_to_keep=None)  # no OSError "Directory not empty"
     assert sorted(os.listdir(d)) == ["step_00000001", "step_00000001.old-x", "step_00000002"]
     assert ckpt.resolve(str(d), 1).endswith("step_00000001.old-x")
     b = trainer(mixed_plan(), seed=7)
@@ -281,7 +281,8 @@ def test_a_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
     ],
 )
 def test_save_refuses_what_restore_would_refuse(tmp_path, kw, pattern):
-    """Before: these saved, and the restore failed (or step -1 was never found)."""
+    """A save refuses these at once, rather than writing a checkpoint whose restore fails
+    (or a step -1 that is never found)."""
     a = trainer(mixed_plan())
     with pytest.raises(ValueError, match=pattern):
         a.save(str(tmp_path), **kw)
@@ -289,7 +290,8 @@ def test_save_refuses_what_restore_would_refuse(tmp_path, kw, pattern):
 
 
 def test_numpy_integers_are_saved_as_integers(tmp_path):
-    """Before: `data_position=np.int64(3)` failed in json.dump and left the temporary dir."""
+    """numpy integers (`data_position=np.int32(3)`) go into the JSON as integers: no json.dump
+    failure, no temporary directory left."""
     a = trainer(mixed_plan())
     a.save(str(tmp_path), step=np.int64(4), data_position=np.int32(3))
     assert sorted(os.listdir(tmp_path)) == ["step_00000004"]

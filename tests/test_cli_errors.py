@@ -1,5 +1,5 @@
 """Every user mistake on the command line is one `error:` line and exit code 2: no
-traceback, and nothing written (issues 11 item 13 and 13 item 5)."""
+traceback, and nothing written."""
 
 import os
 import re
@@ -224,8 +224,8 @@ FAST += ["--baseline", "dp", "--topology", "h200", "--dense-net", "mini", "--log
 
 @pytest.mark.slow
 def test_ctrl_c_during_train_says_where_it_stopped_and_how_to_resume(tmp_path):
-    """Before: a KeyboardInterrupt traceback ~10 s later. Now the step under way and its
-    save finish, then one line: the step reached, the last checkpoint and the command that
+    """Ctrl-C is not a KeyboardInterrupt traceback: the step under way and its save finish,
+    then one line: the step reached, the last checkpoint and the command that
     resumes; exit code 130."""
     import signal
     import time

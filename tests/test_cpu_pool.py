@@ -4,8 +4,8 @@ Checked from outside, in a fresh process (its own pool, nothing pinned yet): the
 threads named `embark-pool`, and /proc shows the CPUs each may run on. A worker forced onto the
 caller's CPU, while it waits for work or while it sleeps, ends up off that CPU after the next
 kernel call (there it could not take a chunk until the caller's chunks were done); so does a
-worker asleep on another CPU (a sleeper may be woken onto its waker's CPU: measured, in 39% of
-turns after an 8 ms pause it then took no chunk of the turn's 8 calls); the kernel's result
+worker asleep on another CPU (a sleeper may be woken onto its waker's CPU, where it would
+take no chunk of the calls that follow); the kernel's result
 still matches the reference, and a worker idle long enough to sleep takes back every CPU.
 The child opts into spinning (EMBARK_CPU_SPIN=on): without it a worker sleeps, with its whole
 mask back, as soon as a job ends, so there is no waiting worker to move.

@@ -48,7 +48,7 @@ def test_segment_sum_ffi_matches_reference(rng, dtype, id_dtype, sort):
 
 @pytest.mark.parametrize("shape", [(0,), (0, 3), (0, 2, 3)])
 def test_segment_sum_of_no_values_is_zeros(shape):
-    """Before: the wrapper's reshape(N, -1) raised ZeroDivisionError for N = 0."""
+    """N = 0 gives zeros (a reshape(N, -1) in the wrapper would raise ZeroDivisionError)."""
     v = jnp.zeros(shape, jnp.float32)
     seg = jnp.zeros((0,), jnp.int32)
     for f in (ops.segment_sum, jax.jit(ops.segment_sum, static_argnums=2)):

@@ -2,7 +2,7 @@
 
 - Malformed inputs (`dense_inputs`): every one either works correctly or raises a clear
   ValueError; none crashes the process or corrupts a table.
-- Valid inputs only (`valid_inputs`, issue 17 item 1): ids in range, bags no longer than the
+- Valid inputs only (`valid_inputs`): ids in range, bags no longer than the
   feature's hotness, integer dtypes of every width, finite weights, five features on three
   tables (RB, UB, DP; sum/mean/sqrtn/none), padding anywhere, three constructors. Every case
   must be accepted, and each batch's lookup (the jnp reference and the sharded collection)

@@ -272,7 +272,7 @@ def test_modes_pick_points_ops_and_repeats(monkeypatch, tmp_path):
 
 
 def test_only_a_full_run_writes_results_kernels_json_by_default(monkeypatch, tmp_path):
-    """Before: `--quick` without --out replaced the committed full results (a stranger's find)."""
+    """A `--quick` (or partial) run without --out never replaces the committed full results."""
     outs = []
     monkeypatch.setattr(
         bench, "run", lambda points, repeats, out, **kw: outs.append(out) or {"checks_ok": True}

@@ -202,9 +202,9 @@ def _sgd_update(ids, seg, backend=None):
 
 @pytest.mark.parametrize("backend", ["ffi", "reference"])
 def test_every_op_checks_ids_and_segment_ids_by_name(backend):
-    """One rule for both id arrays of every op. Before: the fused update took bool and 2-D
-    ids (and updated rows), 2-D or bool segment ids passed some ops, and float ones failed
-    in the kernel, named by its target, or inside jnp."""
+    """One rule for both id arrays of every op: bool, 2-D or float ids and segment ids are
+    refused by name in the wrapper, not taken (and rows updated), nor failed in the kernel
+    under its target's name or inside jnp."""
     g, i3, s3 = jnp.ones((2, 2)), np.array([0, 1, 2]), np.array([0, 0, 1])
     cases = {
         "lookup_pool_backward_update: ids must be integers, got bool": lambda: _sgd_update(
@@ -243,7 +243,7 @@ def test_every_op_checks_ids_and_segment_ids_by_name(backend):
 
 def test_the_fused_update_takes_grads_of_a_type_the_kernel_lacks():
     """float16 grads (float64 with 64-bit types) run on the reference, as in
-    lookup_pool_backward. Before: the kernel refused them at run time."""
+    lookup_pool_backward, instead of reaching a kernel that refuses them at run time."""
     opt = O.SGD(learning_rate=1.0)
     t, ids, seg = jnp.zeros((4, 2)), np.array([0, 1, 2]), np.array([0, 0, 1])
     g = jnp.asarray([[1.0, 2.0], [3.0, 4.0]], jnp.float16)
@@ -290,9 +290,9 @@ def test_backward_inputs_are_checked_as_the_forward_checks_them():
     }
     for op, call in calls.items():
         with pytest.raises(ValueError, match=f"{op}: segment_ids are required for pooled"):
-            call(None, None)  # before: "a value is not an integer in int64's range"
+            call(None, None)  # not "a value is not an integer in int64's range"
         with pytest.raises(ValueError, match=re.escape(f"{op}: weights must be [N] = (3,)")):
-            call(seg, jnp.ones(2))  # before: a broadcasting error from jnp
+            call(seg, jnp.ones(2))  # not a broadcasting error from jnp
     # `none` ignores segment ids, as documented: float ones too
     t = jnp.arange(8.0).reshape(4, 2)
     np.testing.assert_array_equal(
@@ -303,9 +303,9 @@ def test_backward_inputs_are_checked_as_the_forward_checks_them():
 
 def test_lists_of_big_ints_and_of_tracers():
     with pytest.raises(ValueError, match="unique: ids: a value is not an integer in int64"):
-        ops.unique([1, 2**63, 3], 4)  # before: "must be integers, got float64" (numpy's)
+        ops.unique([1, 2**63, 3], 4)  # not numpy's "must be integers, got float64"
     got = jax.jit(lambda a, b: ops.unique([a, b, a], 2))(jnp.int32(4), jnp.int32(1))
-    np.testing.assert_array_equal(got[0], [1, 4])  # before: TracerArrayConversionError
+    np.testing.assert_array_equal(got[0], [1, 4])  # no TracerArrayConversionError
 
 
 def test_lists_and_empty_host_arrays_are_ids():
@@ -320,11 +320,12 @@ def test_lists_and_empty_host_arrays_are_ids():
             np.testing.assert_array_equal(g, w)
     if not jax.config.jax_enable_x64:
         with pytest.raises(ValueError, match="unique: ids: id 2147483648 is outside int32"):
-            ops.unique([1, 2**31], 2)  # before: a bare OverflowError
+            ops.unique([1, 2**31], 2)  # not a bare OverflowError
 
 
 def test_host_uint32_ids_widen_to_int64_with_64_bit_types():
-    """Before: refused as 'outside int32' although the same device array was taken."""
+    """Host uint32 ids are taken as the same device array is, not refused as 'outside
+    int32'."""
     with x64(True):
         got = ops.unique(np.array([1, 3_000_000_000, 1], np.uint32), 2)
         assert got[0].dtype == jnp.int64 and got[3].dtype == jnp.int32

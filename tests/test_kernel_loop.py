@@ -32,7 +32,7 @@ def test_production_points_are_the_issues_shapes_most_valuable_first():
     assert {p.dtype for p in pts} == {"float32", "bfloat16"}
     assert {p.dist for p in pts} == {"uniform", "zipf"}
     assert {o for _, ops_ in quick for o in ops_} == set(P.LOOP_OPS)
-    # first: the issue's bar, float32 forward and backward at hotness 20 and 80
+    # first: the points with a bar, float32 forward and backward at hotness 20 and 80
     first = {(p.hotness, p.dist, p.dtype) for p, _ in quick[:4]}
     assert first == {(h, d, "float32") for h in (20, 80) for d in ("uniform", "zipf")}
     assert all(o == P.HEADLINE_OPS for _, o in quick[:4])

@@ -1,9 +1,9 @@
-"""`train --mixed-precision` end to end, through the CLI's own builder (issue 17, untested
-behaviours): the flag parsed by the `train` argument parser and turned into a runner by
-`embark_jax.cli.train._build`, exactly as `python -m embark_jax train --mixed-precision`
-does, on a tiny config instead of a preset (the subprocess run would cost ~15 s of the CI
-budget). The step, as traced for compilation, must compute the dense net and move embeddings
-in bf16 while the tables stay float32, and a few steps must give finite metrics."""
+"""`train --mixed-precision` end to end, through the CLI's own builder: the flag parsed by the
+`train` argument parser and turned into a runner by `embark_jax.cli.train._build`, exactly as
+`python -m embark_jax train --mixed-precision` does, on a tiny config instead of a preset (the
+subprocess run would cost ~15 s of the CI budget). The step, as traced for compilation, must
+compute the dense net and move embeddings in bf16 while the tables stay float32, and a few
+steps must give finite metrics."""
 
 import argparse
 import re

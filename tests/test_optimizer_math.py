@@ -1,4 +1,4 @@
-"""Sparse optimizer maths against independent float64 numpy formulas (issue 17 item 5).
+"""Sparse optimizer maths against independent float64 numpy formulas.
 
 The other optimizer tests compare the FFI kernels with the package's own reference `update`
 (and the collection reference imports that `update` too), so one wrong formula in both passes

@@ -106,7 +106,7 @@ def test_overflow_count_is_the_ids_lost_and_the_rest_arrives(case):
 
 
 def test_all_ones_tables_lose_exactly_the_reported_ids():
-    """The measurement of issue 11 item 7: with all-ones tables and one column slice, each
+    """Overflow is counted exactly: with all-ones tables and one column slice, each
     id that arrived adds exactly d to its pooled output, so the reported overflow must be
     the ids sent minus the ids received."""
     for case in ("rb_4_rows_hier", "ub_4_rows", "ub_small_unique"):

@@ -1,4 +1,4 @@
-"""The default capacities lose nothing on the library's own data (issue 11 item 8): the
+"""The default capacities lose nothing on the library's own data: the
 binomial-tail sizing gives small per-device counts their (near) worst case, where a fixed
 factor times the mean dropped ids on batches of 16 and 32."""
 

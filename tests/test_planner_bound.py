@@ -1,4 +1,4 @@
-"""The planner's lower bound (issue 16): sound against an exhaustive search over every legal
+"""The planner's lower bound: sound against an exhaustive search over every legal
 plan of small models, its relaxations' monotonicity checked, tight where the optimum is
 known, and shown in every report; the search's own gains pinned (no baseline fallback)."""
 
@@ -318,7 +318,7 @@ def test_paper_setups_within_1_2x_of_the_bound():
     assert sum(ratios) / len(ratios) <= 1.1
 
 
-# --- the search on its own (issue 17 item 4) --------------------------------------------------
+# --- the search on its own -------------------------------------------------------------------
 
 # predicted speedup of the search's own plan (no baseline fallback) over each baseline that
 # fits, from the cost model: pinned so that a search that got worse fails (re-pinned when

@@ -118,8 +118,8 @@ def test_unique_empty_and_all_padding():
 
 
 def test_unique_keeps_the_largest_id_of_the_dtype():
-    """Before: iinfo.max was the padding sentinel, so that id was dropped (the kernels keep
-    it; a stranger's find)."""
+    """The largest id of the dtype is kept, as the kernels keep it (iinfo.max is not a
+    padding sentinel)."""
     ids = np.array([2**31 - 1, -1, 3, 2**31 - 1, -5, 0], np.int32)
     got = reference.unique(jnp.asarray(ids), 4)
     for g, w in zip(got, numpy_ref.unique(ids, 4), strict=True):

@@ -1,4 +1,4 @@
-"""Reliability of the checkpoint directory (issue #11): pruning across runs, atomic re-saves
+"""Reliability of the checkpoint directory: pruning across runs, atomic re-saves
 (an exception injected at every rename, and one real `kill -9`), leftovers cleaned, table
 names that cannot leave the checkpoint, writability checked before training, clear errors
 for damaged metadata files."""
@@ -101,8 +101,9 @@ def model():
 
 
 def test_a_fresh_run_is_not_pruned_by_an_older_runs_steps(tmp_path, model):
-    """Before: pruning kept the 3 highest step numbers, so step 1 was deleted at once and
-    `latest_step` went on naming the old run's 102. Rule: save order decides."""
+    """Pruning keeps the checkpoints saved last, not the highest step numbers (which would
+    delete the new run's step 1 at once and leave `latest_step` naming the old run's 102):
+    save order decides."""
     runner, state, _ = model
     d = str(tmp_path)
     for step in (100, 101, 102):
@@ -133,10 +134,9 @@ def _restored_tables(runner, d):
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_resave_leaves_a_restorable_newest_step(tmp_path, model, monkeypatch, fault):
-    """Before: the old step_N was deleted before the new one was renamed into place, so a
-    crash between the two left no checkpoint of step N. Now a complete checkpoint of the
-    newest step exists whichever rename or delete the crash hits, and the next save cleans
-    up."""
+    """The new step_N is renamed into place before the old one is deleted: a complete
+    checkpoint of the newest step exists whichever rename or delete a crash hits, and the
+    next save cleans up."""
     runner, s1, s2 = _two_states(model)
     d = str(tmp_path)
     ckpt.save(d, runner.setup, s1, step=0, max_to_keep=2)
@@ -233,8 +233,8 @@ def test_interrupted_save_leftovers_are_cleaned_by_the_next_save(tmp_path, model
 
 
 def test_table_names_cannot_leave_the_checkpoint(tmp_path):
-    """Before: a table named `../../../x` was written to `<dir>/../x`, outside the
-    checkpoint directory."""
+    """A table named `../../../x` is written inside the checkpoint directory, never to
+    `<dir>/../x`."""
     runner, state, _ = tiny(names=("../../../x", "sub/y"))
     d = tmp_path / "ck"
     path = ckpt.save(str(d), runner.setup, state)
@@ -258,7 +258,7 @@ def test_unwritable_checkpoint_dir_fails_before_training(tmp_path, model):
     with pytest.raises(PermissionError, match="not writable"):
         ckpt.CheckpointEvery(bad, runner, every=1, last_step=1)
     with pytest.raises(PermissionError, match=r"file.* exists and is not a directory"):
-        ckpt.check_writable(str(tmp_path / "file"))  # before: "File exists"
+        ckpt.check_writable(str(tmp_path / "file"))  # not a bare "File exists"
     os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
     with pytest.raises(PermissionError, match=r"dangling.* exists and is not a directory"):
         ckpt.check_writable(str(tmp_path / "dangling"))
@@ -293,7 +293,7 @@ def _damage(path, how):
     "how", ["truncated-meta", "meta-missing-tables", "table-entry-missing-dim", "orbax-meta"]
 )
 def test_damaged_metadata_names_the_file_and_field(tmp_path, model, how):
-    """Before: a bare JSONDecodeError / KeyError."""
+    """The error names the file and field, not a bare JSONDecodeError / KeyError."""
     runner, state, _ = model
     path = ckpt.save(str(tmp_path), runner.setup, state)
     pattern = _damage(path, how)

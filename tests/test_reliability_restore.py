@@ -1,4 +1,4 @@
-"""Restores and imports that fail (issue #11 items 3, 9, 10): every mismatch is a one-line
+"""Restores and imports that fail: every mismatch is a one-line
 `ValueError` naming the table and the problem, and the live state still steps afterwards
 (no "Array has been deleted")."""
 
@@ -66,8 +66,8 @@ def copy_of(d, tmp_path):
     ids=["adagrad-into-sgd", "adagrad-into-rowwise", "later-table-adam", "f32-into-bf16"],
 )
 def test_restore_mismatch_is_a_clear_error_and_the_live_state_survives(saved, opt, dtype, pattern):
-    """Before: Adagrad -> SGD dropped the slots silently, f32 -> bf16 converted silently,
-    Adagrad -> row-wise Adagrad crashed with a bare TypeError/IndexError."""
+    """Adagrad -> SGD (slots would be dropped), f32 -> bf16 (tables would be converted) and
+    Adagrad -> row-wise Adagrad (slot shapes differ) are each a clear error, never silent."""
     _, _, ds, d = saved
     runner, state, _ = tiny(opt, dtype=dtype or np.float32, seed=3)
     before = tables_of(runner, state)
@@ -77,7 +77,7 @@ def test_restore_mismatch_is_a_clear_error_and_the_live_state_survives(saved, op
 
 
 def test_a_model_with_one_table_fewer_or_another_name(saved):
-    """Before: failed on a dense-parameter shape, naming no table."""
+    """The error names the tables that differ, not a dense-parameter shape."""
     _, _, ds, d = saved
     runner, state, _ = tiny(ADAGRAD, names=("a", "c"))
     with pytest.raises(ValueError, match=r"has tables \['b'\] that the model does not configure"):
@@ -124,7 +124,8 @@ BAD_META = {  # field -> value written into meta.json, and the error's tail
 
 @pytest.mark.parametrize("case", sorted(BAD_META))
 def test_a_hand_edited_meta_json_is_a_one_line_error(saved, tmp_path, case):
-    """Before: a bare int() or AttributeError, or (step 3.7, -4) a restore at that step."""
+    """A bad field is a one-line error, not a bare int() or AttributeError, and a step of
+    3.7 or -4 is refused, not restored at."""
     key, value, pattern = BAD_META[case]
     runner, state, ds, d = saved
     before = tables_of(runner, state)
@@ -152,7 +153,8 @@ def _unreadable_table_b(saved, tmp_path):
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads a mode-000 directory anyway")
 def test_an_unreadable_table_directory_says_permission_denied(saved, tmp_path):
-    """Before: Orbax's 'Metadata file (named _METADATA) does not exist'."""
+    """The error says permission denied, not Orbax's 'Metadata file (named _METADATA) does
+    not exist'."""
     runner, state, ds, d, table_dir = _unreadable_table_b(saved, tmp_path)
     before = tables_of(runner, state)
     os.chmod(table_dir, 0)
@@ -201,8 +203,9 @@ except OSError as e:
 
 
 def test_a_save_into_a_file_fails_at_once_and_the_process_exits(tmp_path):
-    """Before: the save failed inside Orbax, whose threads then kept the process alive ~5 min
-    at exit waiting for the directory (a stranger's find)."""
+    """A save into a file is refused at once and the process exits (Orbax's threads, once
+    started on such a save, keep a process alive for minutes at exit, waiting for the
+    directory)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = subprocess.run(
         [sys.executable, "-c", _SAVE_INTO_A_FILE],
@@ -232,7 +235,7 @@ def test_one_damaged_table_keeps_the_live_state(saved, tmp_path):
 
 
 def test_a_table_directory_copied_from_another_step_is_detected(saved, tmp_path):
-    """Before: step 2 restored with table 'a' silently from step 1."""
+    """Restoring step 2 with table 'a' copied from step 1 is an error, not a silent mix."""
     runner, state, ds, d = saved
     d = copy_of(d, tmp_path)
     state2, _ = runner.step(copy(state), ds.batch(1))
@@ -277,8 +280,8 @@ BAD_IMPORTS = {
 
 @pytest.mark.parametrize("case", sorted(BAD_IMPORTS))
 def test_import_table_rejects_bad_values_and_keeps_the_state(saved, tmp_path, case):
-    """Before: NaN, inf, float64 overflow, negative accumulators and unknown slots were
-    accepted; a wrong slot shape destroyed the live state."""
+    """NaN, inf, float64 overflow, negative accumulators and unknown slots are refused, and a
+    wrong slot shape leaves the live state intact."""
     runner, state, ds, _ = saved
     arrays, pattern = BAD_IMPORTS[case]
     before = tables_of(runner, state)

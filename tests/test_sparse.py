@@ -161,7 +161,8 @@ def test_from_lengths_errors(values, lengths, message):
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64])
 def test_unsigned_lengths_are_taken(dtype):
-    """Before: IndexError (uint8-32) or a casting TypeError (uint64) deep in numpy."""
+    """Unsigned lengths of every width give the int32 result, not an IndexError or a casting
+    TypeError deep in numpy."""
     vals = np.array([1, 2, 3])
     got = SparseFeatures.from_lengths({"f": vals}, {"f": np.array([2, 1], dtype)})
     want = SparseFeatures.from_lengths({"f": vals}, {"f": np.array([2, 1], np.int32)})

@@ -89,8 +89,8 @@ def test_table_init_shape_dtype_and_range():
 
 
 def test_default_init_spreads_over_the_whole_range_and_shards_differ():
-    """The upper bound above passes for an all-zero table: check the spread too (issue 17
-    item 9). Uniform(+-1/sqrt(dim)): min and max near the bounds, std bound/sqrt(3), mean 0;
+    """The upper bound above passes for an all-zero table: check the spread too.
+    Uniform(+-1/sqrt(dim)): min and max near the bounds, std bound/sqrt(3), mean 0;
     and every shard of a row- and column-sharded table draws its own values."""
     dim, vocab = 16, 4096
     bound = 1.0 / np.sqrt(dim)

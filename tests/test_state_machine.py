@@ -1,4 +1,4 @@
-"""A hypothesis state machine over training and checkpoints (issue #11): steps, bad
+"""A hypothesis state machine over training and checkpoints: steps, bad
 batches (rejected on the host, or a NaN update on the device), saves, saves
 killed at each point (an exception injected while writing a table, or at each rename of the
 commit), resumes and restores into a mismatched model. After every rule the live state is

@@ -1,4 +1,4 @@
-"""The workloads of the whole-embedding-step benchmark (issue 30), as plain data.
+"""The workloads of the whole-embedding-step benchmark, as plain data.
 
 A workload is tables, one feature per table (fixed hotness: every bag full), one pooling
 mode for every feature (one TBE has one), a batch size and the contenders that run it by

@@ -8,11 +8,11 @@ rotating round by round, with an idle gap between processes (8 ms: past the ~4.4
 torch's OpenMP workers stay busy after a call, measured here, so no library is timed while
 another's threads still hold a core). A turn is `warm_per_turn` untimed calls, then
 `reps_per_round` timed ones, so a timed call is a steady-state call, as in a training loop: on
-the shared 2-core VM a call right after the machine idled (the earlier design: one timed call
-after a 20 ms gap) took 3-10x longer for every library, which measured the VM's wake-up, not
-the kernels. Our two-op backward, which no peer has, is timed in the fused
-backward's session, interleaved with it and the peers. What each library computes is in
-`cases_jax.py` and `cases_torch.py`; bytes follow FBGEMM's accounting (`points.op_bytes`).
+the shared 2-core VM a call right after the machine idled takes several times longer for
+every library, which measures the VM's wake-up, not the kernels. Our two-op backward, which
+no peer has, is timed in the fused backward's session, interleaved with it and the peers.
+What each library computes is in `cases_jax.py` and `cases_torch.py`; bytes follow FBGEMM's
+accounting (`points.op_bytes`).
 Each library's output (or its table after the same number of SGD steps) is compared with
 XLA's on a subset of rows.
 

@@ -1,9 +1,9 @@
 """The torch cases (FBGEMM's CPU kernels behind `EmbeddingBag`; CUDA when asked and present).
 
-torch gets the same int32 ids as ours, with int32 bag offsets (`arange(0, B*L, L)`). Before,
-it got them as int64 (torch's default index type), which was slower for it: `torch.unique`
-1.2-1.5x on the large shapes, the float32 forward 5-10% (measured here). Each peer gets the
-index type it is fastest with: `index_add_` keeps int64 segment ids (3-4x slower with int32).
+torch gets the same int32 ids as ours, with int32 bag offsets (`arange(0, B*L, L)`): with
+int64 ids (torch's default index type) it is slower. Each peer gets the index type it is
+fastest with: `index_add_` keeps int64 segment ids (much slower with int32). The measurements
+behind both choices are in docs/benchmarks.md.
 
 - forward: `F.embedding_bag(ids, w, offsets, mode="sum")`; bf16: the same on a bf16 table.
 - backward_update: `nn.EmbeddingBag(sparse=True)` (from the same table) with
@@ -116,7 +116,7 @@ class TorchCases:
     def _segment_sum(self) -> dict[str, Case]:
         p = self.d.point
         values = torch.from_numpy(self.d.values).to(self.dev)
-        # int64 here: index_add_ with int32 segment ids was 3-4x slower (measured here)
+        # int64 here: index_add_ is much slower with int32 segment ids
         seg = torch.from_numpy(self.d.seg.astype(np.int64)).to(self.dev)
         lengths = torch.full((p.batch,), p.hotness, dtype=torch.int64, device=self.dev)
         out, box = torch.empty((p.batch, p.dim), device=self.dev), Box()

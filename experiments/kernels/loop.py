@@ -391,7 +391,7 @@ def progress_line(op: str, rec: dict) -> str:
 
 
 def headline(result: dict) -> list[dict]:
-    """The issue's bar per measured (point, op): ours' fraction of the copy, the bar where
+    """The target bar per measured (point, op): ours' fraction of the copy, the bar where
     one applies (forward 65% and fused backward + row-wise Adagrad 30% on the float32
     hotness-20 and -80 points), and ours vs XLA (>= 1.0 on every shape)."""
     rows = []

@@ -73,7 +73,7 @@ class Point:
 DTYPE_TAG = {"float32": "f32", "bfloat16": "bf16"}
 
 
-# The issue's four forward shapes, then the large backward shape.
+# The four forward shapes of the per-call benchmark, then the large backward shape.
 DEFAULT_POINTS = [
     Point(4096, 32, 128, 1_000_000, "uniform"),
     Point(4096, 32, 128, 1_000_000, "zipf"),
@@ -98,7 +98,7 @@ OPS = (
     "unique",  # dedup of the B*L ids with inverse and counts
     "segment_sum",  # [B*L, D] fp32 values summed into B sorted segments
 )
-# Loop mode (`loop.py`): the issue's production shapes. Batch 65,536 (the paper's per-step
+# Loop mode (`loop.py`): the production shapes. Batch 65,536 (the paper's per-step
 # batches are 55,296-135,168), dim 128, hotness 1 (one-hot), 20 (DCNv2) and 80 (T180), tables
 # of 40M rows (DCNv2's largest; 20 GB in float32) and 10M, float32 and bfloat16, uniform and
 # Zipf ids. On a CPU the runner caps batch and rows (`Point.capped`).
@@ -119,8 +119,8 @@ def production(hotness: int, dist: str, dtype: str = "float32", vocab: int = PRO
 
 _DISTS, _HOT = ("uniform", "zipf"), (20, 80)
 # The GPU check's work, most valuable first, since a run stopped by its time budget keeps
-# what it measured: (1) the issue's bar, float32 forward and backward at hotness 20 and 80,
-# then one-hot; (2) the same on bfloat16 tables; (3) unique and segment_sum.
+# what it measured: (1) the points with a target bar, float32 forward and backward at
+# hotness 20 and 80, then one-hot; (2) the same on bfloat16 tables; (3) unique and segment_sum.
 LOOP_QUICK: list[tuple[Point, tuple[str, ...]]] = [
     *[(production(h, d), HEADLINE_OPS) for d in _DISTS for h in _HOT],
     *[(production(1, d), HEADLINE_OPS) for d in _DISTS],

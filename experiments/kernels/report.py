@@ -1,8 +1,8 @@
 """Turns per-repetition times into the JSON's per-op records and the printed ratio tables.
 
 Pure functions of numbers (unit-tested with fake times). A ratio "ours vs PEER" is a speed
-ratio, PEER's time / ours: above 1 ours is faster (the issue's "3.2x faster" is 3.2, its
-"0.21x" is torch being about 5x faster). Each ratio is given for the min and for the median
+ratio, PEER's time / ours: above 1 ours is faster ("3.2x faster" is 3.2; "0.21x" is torch
+being about 5x faster). Each ratio is given for the min and for the median
 times of both.
 """
 
@@ -101,7 +101,7 @@ def ratio_table(
     absent: dict[str, str] | None = None,
     with_geomean: bool = True,
 ) -> str:
-    """The issue's table for one op: one row per point (`label`, op record), ours in ms and
+    """The printed table for one op: one row per point (`label`, op record), ours in ms and
     GB/s, then `ours vs PEER` for each peer measured, each as min / median; a geometric-mean
     row when there is more than one point (unless not `with_geomean`). `absent`: peers not
     measured and why (a note)."""

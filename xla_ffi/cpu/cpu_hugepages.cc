@@ -32,12 +32,13 @@ using Clock = std::chrono::steady_clock;
 // advice found 4 KiB pages to move: a buffer replaced at the same address by every step).
 constexpr auto kRecheck = std::chrono::seconds(1);
 constexpr auto kMaxRecheck = std::chrono::seconds(64);
-constexpr auto kMovedSomething = std::chrono::milliseconds(5);  // an advised range: ~0.4 ms
+// Advice that takes longer than this moved pages (a range already on huge pages is re-advised
+// well within it), so the table's backoff doubles.
+constexpr auto kMovedSomething = std::chrono::milliseconds(5);
 // A range not seen for this long is taken for a new table when it comes back (a table freed
 // and its successor allocated at the same address, as one of the same size usually is):
-// advised after its second call, whatever the backoff of the old one. Measured: without
-// this, a table built after one of the same size was freed ran its first seconds on 4 KiB
-// pages (one-hot lookup of 8192 rows of a 1M x 128 table: 290 us instead of 230 us).
+// advised after its second call, whatever the backoff of the old one; otherwise a table
+// built after one of the same size was freed would run its first seconds on 4 KiB pages.
 constexpr auto kForget = std::chrono::seconds(1);
 
 // EMBARK_HUGEPAGES is read by embark_jax.ops.native, which sets the mode before any kernel runs.
@@ -52,8 +53,8 @@ struct Range {
 // The tables seen lately and the background thread's queue; one mutex guards both. XLA may
 // free a table and allocate its successor at the same address (a step without donation), on
 // 4 KiB pages again, so a table is not advised once for all: seen again after `interval`, it
-// is queued again, which costs ~0.4 ms for 512 MiB already on huge pages; seen again after a
-// pause of kForget, it is advised as a new table.
+// is queued again (cheap for a range already on huge pages); seen again after a pause of
+// kForget, it is advised as a new table.
 class Advisor {
  public:
   void Note(const void* p, int64_t bytes) {

@@ -250,9 +250,9 @@ class SpinPool {
   }
 
   // Spins, then yields, then sleeps, until gen_ moves past `seen`; returns the new generation.
-  // Yielding keeps the worker awake (a sleeping worker took ~0.1-1 ms to wake here, so a
-  // kernel called every few ms ran on its caller alone) while any other runnable thread, such
-  // as XLA's own, gets the CPU: libgomp's workers likewise stay busy ~4 ms after a region.
+  // Yielding keeps the worker awake (waking a sleeping worker takes long enough that a kernel
+  // called every few ms would run on its caller alone) while any other runnable thread, such
+  // as XLA's own, gets the CPU, as libgomp's workers stay busy for a while after a region.
   uint64_t WaitForJob(uint64_t seen, WorkerSlot& slot) {
     const auto start = std::chrono::steady_clock::now();
     const bool spin = g_spin.load(std::memory_order_relaxed);

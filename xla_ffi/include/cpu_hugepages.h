@@ -1,8 +1,8 @@
 // Transparent huge pages for the tables the CPU kernels read at random (cpu/cpu_hugepages.cc).
 //
 // A lookup touches rows spread over the whole table: with 4 KiB pages nearly every row costs
-// a TLB miss and a page walk (two-level under a hypervisor), which measured here took more
-// time than moving the row. On 2 MiB pages the same lookup ran 1.2-2x faster. XLA allocates
+// a TLB miss and a page walk (two-level under a hypervisor), which can take more time than
+// moving the row; on 2 MiB pages most of those walks go (docs/benchmarks.md). XLA allocates
 // the tables with malloc, which on Linux leaves them on 4 KiB pages unless the process opted
 // in (THP "madvise" mode, the common default), so the kernels advise them themselves:
 //
@@ -11,7 +11,7 @@
 //     advises it (MADV_HUGEPAGE) and moves its pages into huge pages (MADV_COLLAPSE, Linux
 //     6.1+). The kernel never waits. XLA may free a table and put the next one (a step that
 //     does not donate it) at the same address, so a table still in use is advised again each
-//     second (under 1 ms for 512 MiB already on huge pages); when that advice takes over 5 ms
+//     second (cheap for a range already on huge pages); when that advice takes over 5 ms
 //     (it found 4 KiB pages again) or is refused, the interval doubles (up to 64 s), which
 //     bounds the copying such churn causes. A range not seen for a second is taken for a new
 //     table when it comes back (one freed and its successor put at its address): advised
@@ -23,9 +23,8 @@
 //   Outputs too: a kernel about to write a large output reports it (NoteFreshOutput), which is
 //     advised at once (MADV_HUGEPAGE only, nothing moved). glibc serves an allocation over its
 //     mmap threshold (32 MiB as cpu_malloc.h sets it) from a fresh mapping each time, which the
-//     kernel's writes faulted in 4 KiB at a time: measured here, lookup_pool_backward's
-//     64 MiB [C, D] gradient (4096 x 32 ids, uniform over 1M rows) took 29-33 ms, 14-18 ms
-//     with the advice (its pages then fault in 2 MiB at a time). glibc may still serve such a
+//     kernel's writes would fault in 4 KiB at a time; advised, its pages fault in 2 MiB at a
+//     time (e.g. lookup_pool_backward's [C, D] gradient). glibc may still serve such a
 //     request from its heap (a free block that fits); the advice then only splits the heap's
 //     mapping and lets khugepaged collapse the range later.
 //   off (EMBARK_HUGEPAGES=off): nothing is advised; advice still queued when the mode is set

@@ -5,11 +5,10 @@
 // returns the top of its heap to the OS once more than M_TRIM_THRESHOLD bytes are free there,
 // and serves requests of M_MMAP_THRESHOLD bytes or more from fresh mappings; both thresholds
 // start low (128 KiB) and only rise as large blocks come and go. Until they have risen, a
-// multi-MiB output lands on pages the kernel has to fault in and zero again at every call
-// (measured: ~100 faults per 4 MiB one-hot lookup, a third of its time in the kernel's page
-// fault path, and 2x the median time). TuneHostMalloc sets the values glibc's own rule
-// converges to (the mmap threshold at its 64-bit maximum, 32 MiB; the trim threshold at twice
-// that) from the start.
+// multi-MiB output lands on pages the kernel has to fault in and zero again at every call,
+// which can dominate a lookup's time (docs/benchmarks.md). TuneHostMalloc sets the values
+// glibc's own rule converges to (the mmap threshold at its 64-bit maximum, 32 MiB; the trim
+// threshold at twice that) from the start.
 #pragma once
 
 #include <cstdint>

@@ -164,8 +164,8 @@ struct Avx512Vec {
 #pragma GCC target("avx512f,avx512bw,avx512bf16,avx2,fma")
 // Avx512Vec whose bfloat16 stores use the BF16 extension: VCVTNE2PS2BF16 rounds 32 floats to
 // nearest even (NaN quieted: the same bits as RoundBf16) in one instruction where RoundBf16
-// takes eight per 16, so a short bag's bf16 store costs 4 instructions instead of ~40 (the
-// 512-bit ports were the bound: 1024 x 1 x 64, one thread, 7.7 -> 3.9 ns a bag). It also
+// takes eight per 16, so a short bag's bf16 store costs 4 instructions instead of ~40 (for
+// short bags the store, on the ports that run 512-bit instructions, is the bound). It also
 // rounds a subnormal float to a signed zero, where RoundBf16 keeps it; the kernels run in
 // XLA's floating-point mode, which flushes subnormal sums to zero, so no sum they round is
 // subnormal and every path stores the same bits.

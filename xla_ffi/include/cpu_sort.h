@@ -104,7 +104,7 @@ inline SortedIds SortWide(SortedIds s, int bits) {
 // Sorts the positions of the valid (>= 0) ids by id (stable), returning them with the sorted
 // keys. Only as many 11-bit digit passes as the largest id needs. Ids and positions that fit
 // 32 bits (every int32 id) are sorted packed, id << 32 | position, 8 bytes an element: half
-// the traffic of separate key and position arrays (design §7 has the measurements).
+// the traffic of separate key and position arrays (docs/benchmarks.md has the measurements).
 template <typename LoadFn>
 SortedIds SortValidIds(int64_t n, LoadFn load) {
   constexpr uint64_t kNarrow = uint64_t{1} << 32;
