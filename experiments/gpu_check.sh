@@ -3,7 +3,7 @@
 # CUDA, scikit-build-core, cmake, ninja, pybind11, nvcc), build the CUDA kernels, then, most
 # valuable first: the kernel benchmark in loop mode on the production shapes, the main job's
 # train step at batch 65,536, and the GPU tests (the CPU kernel tests, now against the GPU
-# kernels, plus tests/test_gpu*.py), all within one time budget.
+# kernels, plus tests/*/test_gpu*.py), all within one time budget.
 #
 #   OUT=$OUT bash experiments/gpu_check.sh    # OUT defaults to ./results
 #
@@ -29,7 +29,7 @@
 # out of time is recorded but is no failure.
 #
 # Each step can be replaced by a command string (for tests on a CPU machine, see
-# tests/test_gpu_check_script.py): GPU_CHECK_BUILD, GPU_CHECK_BENCH, GPU_CHECK_STEP,
+# tests/experiments/test_gpu_check_script.py): GPU_CHECK_BUILD, GPU_CHECK_BENCH, GPU_CHECK_STEP,
 # GPU_CHECK_TESTS, GPU_CHECK_BENCH_FULL; GPU_CHECK_BENCH_ARGS and GPU_CHECK_STEP_ARGS are
 # appended to the benchmark's and the step's own commands (the CPU test shrinks the shapes
 # with them). GPU_CHECK_FAKE=1 skips nvidia-smi and nvcc.
@@ -110,7 +110,7 @@ EOF
 
 # GPU-specific files first: if the budget runs out, the kernel tests shared with the CPU
 # are the ones left out.
-GPU_TEST_FILES="tests/test_gpu.py tests/test_gpu_kernels.py tests/test_gpu_hash_table.py tests/test_kernel_contracts.py tests/test_gpu_training.py tests/test_kernel_grads.py tests/test_kernels.py tests/test_ffi_segment_sum.py tests/test_abi_native.py tests/test_bf16_stochastic.py"
+GPU_TEST_FILES="tests/xla_ffi/test_gpu.py tests/xla_ffi/test_gpu_kernels.py tests/xla_ffi/test_gpu_hash_table.py tests/ops/test_kernel_contracts.py tests/training/test_gpu_training.py tests/ops/test_lookup.py tests/xla_ffi/test_kernels.py tests/xla_ffi/test_segment_sum.py tests/xla_ffi/test_abi_native.py tests/ops/test_stochastic_rounding.py"
 BENCH_S=${GPU_CHECK_BENCH_S:-130}
 STEP_S=${GPU_CHECK_STEP_S:-90}
 if [ -z "${GPU_CHECK_TEST_WORKERS:-}" ]; then

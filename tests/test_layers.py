@@ -223,3 +223,22 @@ def test_public_api_resolves():
     for name in embark_jax.__all__:
         assert getattr(embark_jax, name) is not None, name
     assert not [n for n in embark_jax.__all__ if n.startswith("_") and n != "__version__"]
+
+
+# the tests mirror the package: a folder per layer (and the kernels, the experiments), each
+# module's tests in tests/<layer>/test_<module>.py; only whole-project checks stay at the top
+TEST_FOLDERS = set(ALLOWED) | {"xla_ffi", "experiments"}
+PROJECT_TESTS = {"test_layers.py", "test_readme.py", "test_quickstart.py"}
+
+
+def test_the_tests_mirror_the_layers():
+    tests = pathlib.Path(__file__).resolve().parent
+    misplaced = [
+        str(p.relative_to(tests))
+        for p in tests.rglob("test_*.py")
+        if (p.parent == tests and p.name not in PROJECT_TESTS)
+        or (p.parent != tests and p.relative_to(tests).parts[0] not in TEST_FOLDERS)
+    ]
+    assert not misplaced, f"tests outside tests/<layer>/: {misplaced}"
+    for folder in TEST_FOLDERS & {p.name for p in tests.iterdir() if p.is_dir()}:
+        assert (tests / folder / "__init__.py").exists(), folder

@@ -3,7 +3,7 @@
 The header is the source of truth: it defines the combiner and optimizer ids, the layout of
 the optimizers' hyper-parameter vector and the FFI target names, and generates the native
 handlers' registrations from them. This module repeats those values for Python, because
-Python must name them without loading the native extension; `tests/test_abi.py` parses the
+Python must name them without loading the native extension; `tests/ops/test_abi.py` parses the
 header and fails if a name or a value here differs. Change both together (BUILD.md, "The
 kernel ABI").
 

@@ -173,7 +173,7 @@ class SparseOptimizer(abc.ABC):
     def slot_footprint(self) -> tuple[int, int]:
         """(float32 slots per table element, float32 slots per row): the optimizer state of a
         [V, D] table is `V * (D * a + b)` floats. The kernel ABI's numbers for `kernel_id`;
-        they agree with `slot_shapes` (tests/test_abi.py)."""
+        they agree with `slot_shapes` (tests/ops/test_abi.py)."""
         return abi.SLOT_FOOTPRINT[self.kernel_id]
 
     @property

@@ -21,7 +21,7 @@ cap (a DP replica, or a shard larger than the cap) are ruled out. To keep it che
 counts are grouped in ranges [lo, hi] (1, 2-3, 4-7, ...): a range is priced with the
 device-seconds and uniform work of `lo` and the shard of `hi`, each a lower bound over the
 range (device-seconds and the uniform work never fall, and a shard never grows, with more
-rows shards; `tests/test_planner_bound.py` checks these monotonicities and, on small
+rows shards; `tests/planner/test_bound.py` checks these monotonicities and, on small
 models, that an exhaustive search over all plans never beats the bound).
 
 `gap` explains a placed plan's distance to the bound: imbalance (busiest vs mean device),

@@ -96,7 +96,10 @@ def _parser() -> argparse.ArgumentParser:
         "device times traced (the GPU check's mode)",
     )
     loop.add_argument(
-        "--budget-s", type=float, default=None, help="start no op after this many seconds (the first point runs whole)"
+        "--budget-s",
+        type=float,
+        default=None,
+        help="start no op after this many seconds (the first point runs whole)",
     )
     loop.add_argument(
         "--target-bytes",

@@ -1,6 +1,6 @@
 // The kernel ABI of embark_jax: everything Python and the native handlers must agree on, in
 // one place. The CPU and CUDA backends include this header; the Python mirror is
-// embark_jax/ops/abi.py, and tests/test_abi.py parses the X-macro lists below to check that
+// embark_jax/ops/abi.py, and tests/ops/test_abi.py parses the X-macro lists below to check that
 // the mirror has exactly the same names and values. To change the ABI, edit the lists here
 // and the mirror together (BUILD.md, "The kernel ABI").
 //
