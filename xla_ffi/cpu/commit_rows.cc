@@ -74,17 +74,5 @@ ffi::Error CommitRowsImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffe
 }  // namespace embark
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkCommitRowsCpu, embark::CommitRowsImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<xla::ffi::AnyBuffer>()              // table [..., D]
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // slot a
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // slot b
-                                  .Arg<xla::ffi::AnyBuffer>()              // rows [C]
-                                  .Arg<xla::ffi::AnyBuffer>()              // values [C, D]
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // staged slot a
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // staged slot b
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // commit []
-                                  .Ret<xla::ffi::AnyBuffer>()              // table (aliased)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // slot a (aliased)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // slot b (aliased)
-                                  .Attr<int64_t>("optimizer"));
+                              xla::ffi::Ffi::Bind().Ctx<xla::ffi::ThreadPool>()
+                                  EMBARK_COMMIT_ROWS_OPERANDS);

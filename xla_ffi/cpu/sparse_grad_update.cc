@@ -89,20 +89,5 @@ ffi::Error SparseGradUpdateImpl(
 }  // namespace embark
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkSparseGradUpdateCpu, embark::SparseGradUpdateImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<xla::ffi::AnyBuffer>()              // table [V, D]
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // slot a
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // slot b
-                                  .Arg<xla::ffi::AnyBuffer>()              // grads [S, D]
-                                  .Arg<xla::ffi::AnyBuffer>()              // ids [N]
-                                  .Arg<xla::ffi::AnyBuffer>()              // segment_ids [N]
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // scale [N]
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // hparams [4]
-                                  .Ret<xla::ffi::AnyBuffer>()              // table (aliased)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // slot a (aliased)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // slot b (aliased)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // num_unique []
-                                  .Ret<xla::ffi::AnyBuffer>()              // workspace
-                                  .Attr<int64_t>("optimizer")
-                                  .Attr<int64_t>("per_id"));
+                              xla::ffi::Ffi::Bind().Ctx<xla::ffi::ThreadPool>()
+                                  EMBARK_SPARSE_GRAD_UPDATE_OPERANDS);

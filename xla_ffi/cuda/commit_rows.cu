@@ -36,15 +36,9 @@ ffi::Error CommitRowsCudaImpl(cudaStream_t stream, ffi::AnyBuffer table,
   ffi::Error err = CheckCommitRows(table, slot_a, slot_b, rows, values, staged_a, staged_b,
                                    commit, optimizer, *table_out, *slot_a_out, *slot_b_out);
   if (err.failure()) return err;
-  EMBARK_CUDA_RETURN_IF_ERROR(
-      "commit_rows", CopyIfNotAliasedAsync(table_out->untyped_data(), table.untyped_data(),
-                                           table.size_bytes(), stream));
-  EMBARK_CUDA_RETURN_IF_ERROR(
-      "commit_rows", CopyIfNotAliasedAsync(slot_a_out->typed_data(), slot_a.typed_data(),
-                                           slot_a.size_bytes(), stream));
-  EMBARK_CUDA_RETURN_IF_ERROR(
-      "commit_rows", CopyIfNotAliasedAsync(slot_b_out->typed_data(), slot_b.typed_data(),
-                                           slot_b.size_bytes(), stream));
+  err = StartFromInputs("commit_rows", stream,
+                        {Same(table_out, table), Same(slot_a_out, slot_a), Same(slot_b_out, slot_b)});
+  if (err.failure()) return err;
   const auto dims = table.dimensions();
   const int64_t d = dims[dims.size() - 1];
   const int64_t vocab = d ? static_cast<int64_t>(table.element_count()) / d : 0;
@@ -76,18 +70,6 @@ ffi::Error CommitRowsCudaImpl(cudaStream_t stream, ffi::AnyBuffer table,
 }  // namespace embark
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkCommitRowsCuda, embark::CommitRowsCudaImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()              // table [..., D]
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // slot a
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // slot b
-                                  .Arg<xla::ffi::AnyBuffer>()              // rows [C]
-                                  .Arg<xla::ffi::AnyBuffer>()              // values [C, D]
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // staged slot a
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // staged slot b
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // commit []
-                                  .Ret<xla::ffi::AnyBuffer>()              // table (aliased)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // slot a (aliased)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // slot b (aliased)
-                                  .Attr<int64_t>("optimizer"),
+                              xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  EMBARK_COMMIT_ROWS_OPERANDS,
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "embark_check.h"
@@ -95,6 +96,27 @@ inline cudaError_t CopyIfNotAliasedAsync(void* dst, const void* src, size_t byte
                                          cudaStream_t stream) {
   if (dst == src || bytes == 0) return cudaSuccess;
   return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+}
+
+// An output that starts as its input (an in-place update): see StartFromInputs.
+struct InOut {
+  void* out;
+  const void* in;
+  size_t bytes;
+};
+template <typename Out, typename In>
+InOut Same(Out& out, const In& in) {
+  return {out->untyped_data(), in.untyped_data(), in.size_bytes()};
+}
+
+// Each output of an in-place handler starts as its input: XLA aliases them
+// (input_output_aliases), and where it did not, the input is copied on the stream first.
+inline ffi::Error StartFromInputs(const char* what, cudaStream_t stream,
+                                  std::initializer_list<InOut> pairs) {
+  for (const InOut& p : pairs) {
+    EMBARK_CUDA_RETURN_IF_ERROR(what, CopyIfNotAliasedAsync(p.out, p.in, p.bytes, stream));
+  }
+  return ffi::Error::Success();
 }
 
 }  // namespace embark

@@ -156,18 +156,10 @@ ffi::Error HashFindOrInsertCudaImpl(
                            std::to_string(L.total) +
                            " (size it with _ffi_cuda.hash_table_workspace_bytes)");
   }
-  EMBARK_CUDA_RETURN_IF_ERROR(what, CopyIfNotAliasedAsync(keys_out->untyped_data(),
-                                                          keys.untyped_data(), keys.size_bytes(),
-                                                          stream));
-  EMBARK_CUDA_RETURN_IF_ERROR(
-      what, CopyIfNotAliasedAsync(scores_out->untyped_data(), scores.untyped_data(),
-                                  scores.size_bytes(), stream));
-  EMBARK_CUDA_RETURN_IF_ERROR(
-      what, CopyIfNotAliasedAsync(cand_keys_out->untyped_data(), cand_keys.untyped_data(),
-                                  cand_keys.size_bytes(), stream));
-  EMBARK_CUDA_RETURN_IF_ERROR(
-      what, CopyIfNotAliasedAsync(cand_scores_out->untyped_data(), cand_scores.untyped_data(),
-                                  cand_scores.size_bytes(), stream));
+  err = StartFromInputs(what, stream,
+                        {Same(keys_out, keys), Same(scores_out, scores),
+                         Same(cand_keys_out, cand_keys), Same(cand_scores_out, cand_scores)});
+  if (err.failure()) return err;
   int32_t* cnt = static_cast<int32_t*>(counts->untyped_data());
   EMBARK_CUDA_RETURN_IF_ERROR(
       what, cudaMemsetAsync(cnt, 0, sizeof(int32_t) * abi::kNumHashCounts, stream));

@@ -287,16 +287,9 @@ ffi::Error SparseGradUpdateCudaImpl(
                                          optimizer, per_id != 0, *table_out, *slot_a_out,
                                          *slot_b_out, *num_unique);
   if (err.failure()) return err;
-  // Outputs alias inputs (input_output_aliases); copy on the stream if XLA did not alias.
-  EMBARK_CUDA_RETURN_IF_ERROR(
-      "sparse_grad_update", CopyIfNotAliasedAsync(table_out->untyped_data(), table.untyped_data(),
-                                                  table.size_bytes(), stream));
-  EMBARK_CUDA_RETURN_IF_ERROR(
-      "sparse_grad_update", CopyIfNotAliasedAsync(slot_a_out->typed_data(), slot_a.typed_data(),
-                                                  slot_a.size_bytes(), stream));
-  EMBARK_CUDA_RETURN_IF_ERROR(
-      "sparse_grad_update", CopyIfNotAliasedAsync(slot_b_out->typed_data(), slot_b.typed_data(),
-                                                  slot_b.size_bytes(), stream));
+  err = StartFromInputs("sparse_grad_update", stream,
+                        {Same(table_out, table), Same(slot_a_out, slot_a), Same(slot_b_out, slot_b)});
+  if (err.failure()) return err;
   const bool ids64 = ids.element_type() == ffi::DataType::S64;
   DedupView v;
   // ids >= V are padding here (the update skips them), so the sort needs only V's bits.
@@ -377,43 +370,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkSparseGradCuda, embark::SparseGradCudaImpl,
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkSparseGradUpdateCuda, embark::SparseGradUpdateCudaImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()
-                                  .Ret<xla::ffi::AnyBuffer>()  // workspace
-                                  .Attr<int64_t>("optimizer")
-                                  .Attr<int64_t>("per_id"),
+                              xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  EMBARK_SPARSE_GRAD_UPDATE_OPERANDS,
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkSparseGradStageCuda, embark::SparseGradStageCudaImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Ret<xla::ffi::AnyBuffer>()              // rows
-                                  .Ret<xla::ffi::AnyBuffer>()              // values
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // staged slot a
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // staged slot b
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // num_unique
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // finite
-                                  .Ret<xla::ffi::AnyBuffer>()              // workspace
-                                  .Attr<int64_t>("optimizer")
-                                  .Attr<int64_t>("per_id"),
+                              xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  EMBARK_SPARSE_GRAD_STAGE_OPERANDS,
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -39,15 +39,9 @@ ffi::Error SparseUpdateCudaImpl(cudaStream_t stream, ffi::AnyBuffer table,
   ffi::Error err = CheckSparseUpdate(table, slot_a, slot_b, rows, grads, hparams, optimizer,
                                      *table_out, *slot_a_out, *slot_b_out);
   if (err.failure()) return err;
-  EMBARK_CUDA_RETURN_IF_ERROR(
-      "sparse_update", CopyIfNotAliasedAsync(table_out->untyped_data(), table.untyped_data(),
-                                             table.size_bytes(), stream));
-  EMBARK_CUDA_RETURN_IF_ERROR(
-      "sparse_update", CopyIfNotAliasedAsync(slot_a_out->typed_data(), slot_a.typed_data(),
-                                             slot_a.size_bytes(), stream));
-  EMBARK_CUDA_RETURN_IF_ERROR(
-      "sparse_update", CopyIfNotAliasedAsync(slot_b_out->typed_data(), slot_b.typed_data(),
-                                             slot_b.size_bytes(), stream));
+  err = StartFromInputs("sparse_update", stream,
+                        {Same(table_out, table), Same(slot_a_out, slot_a), Same(slot_b_out, slot_b)});
+  if (err.failure()) return err;
   const bool rows64 = rows.element_type() == ffi::DataType::S64;
   const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];
   const int64_t c = grads.dimensions()[0];

@@ -11,6 +11,54 @@
 #include "embark_check.h"
 #include "embark_ffi.h"
 
+// The operands of the in-place update targets as XLA binds them, after the handler's context
+// (a thread pool on the CPU, a stream on CUDA): one list, so both backends bind the same call.
+// The table and its two slots come first; the update targets return them aliased.
+#define EMBARK_TABLE_AND_SLOTS_ARGS                      \
+    .Arg<xla::ffi::AnyBuffer>()             /* table */  \
+    .Arg<xla::ffi::Buffer<xla::ffi::F32>>() /* slot a */ \
+    .Arg<xla::ffi::Buffer<xla::ffi::F32>>() /* slot b */
+#define EMBARK_TABLE_AND_SLOTS_RETS                                \
+    .Ret<xla::ffi::AnyBuffer>()             /* table (aliased) */  \
+    .Ret<xla::ffi::Buffer<xla::ffi::F32>>() /* slot a (aliased) */ \
+    .Ret<xla::ffi::Buffer<xla::ffi::F32>>() /* slot b (aliased) */
+// grads [S, D], ids [N], segment_ids [N], scale [N], hparams: the fused backward's inputs
+#define EMBARK_GRAD_ARGS                                       \
+    .Arg<xla::ffi::AnyBuffer>()             /* grads */       \
+    .Arg<xla::ffi::AnyBuffer>()             /* ids */         \
+    .Arg<xla::ffi::AnyBuffer>()             /* segment_ids */ \
+    .Arg<xla::ffi::Buffer<xla::ffi::F32>>() /* scale */       \
+    .Arg<xla::ffi::Buffer<xla::ffi::F32>>() /* hparams */
+// embark_sparse_grad_update: updated table and slots, num_unique [], workspace
+#define EMBARK_SPARSE_GRAD_UPDATE_OPERANDS                                   \
+    EMBARK_TABLE_AND_SLOTS_ARGS EMBARK_GRAD_ARGS EMBARK_TABLE_AND_SLOTS_RETS \
+    .Ret<xla::ffi::Buffer<xla::ffi::S32>>() /* num_unique */                 \
+    .Ret<xla::ffi::AnyBuffer>()             /* workspace */                  \
+    .Attr<int64_t>("optimizer")                                              \
+    .Attr<int64_t>("per_id")
+// embark_sparse_grad_stage: rows [N], values [N, D], staged slots, num_unique, finite, workspace
+#define EMBARK_SPARSE_GRAD_STAGE_OPERANDS                       \
+    EMBARK_TABLE_AND_SLOTS_ARGS EMBARK_GRAD_ARGS                \
+    .Ret<xla::ffi::AnyBuffer>()             /* rows */          \
+    .Ret<xla::ffi::AnyBuffer>()             /* values */        \
+    .Ret<xla::ffi::Buffer<xla::ffi::F32>>() /* staged slot a */ \
+    .Ret<xla::ffi::Buffer<xla::ffi::F32>>() /* staged slot b */ \
+    .Ret<xla::ffi::Buffer<xla::ffi::S32>>() /* num_unique */    \
+    .Ret<xla::ffi::Buffer<xla::ffi::S32>>() /* finite */        \
+    .Ret<xla::ffi::AnyBuffer>()             /* workspace */     \
+    .Attr<int64_t>("optimizer")                                 \
+    .Attr<int64_t>("per_id")
+// embark_commit_rows: rows [C], values [C, D], staged slots, commit []; table and slots updated
+#define EMBARK_COMMIT_ROWS_OPERANDS                             \
+    EMBARK_TABLE_AND_SLOTS_ARGS                                 \
+    .Arg<xla::ffi::AnyBuffer>()             /* rows */          \
+    .Arg<xla::ffi::AnyBuffer>()             /* values */        \
+    .Arg<xla::ffi::Buffer<xla::ffi::F32>>() /* staged slot a */ \
+    .Arg<xla::ffi::Buffer<xla::ffi::F32>>() /* staged slot b */ \
+    .Arg<xla::ffi::Buffer<xla::ffi::S32>>() /* commit */        \
+    EMBARK_TABLE_AND_SLOTS_RETS                                 \
+    .Attr<int64_t>("optimizer")
+
 namespace embark {
 
 using F32Buffer = ffi::Buffer<ffi::F32>;
