@@ -13,6 +13,7 @@
 #include "cpu_optim.h"
 #include "embark_ffi.h"
 #include "embark_hash_table.h"
+#include "embark_operands.h"
 #include "kernels.h"
 
 namespace embark {
@@ -92,18 +93,10 @@ ffi::Error HashFindOrInsertImpl(
   CopyIfNotAliased(cand_scores_out->untyped_data(), cand_scores.untyped_data(),
                    cand_scores.size_bytes());
   const int64_t n = ids.dimensions()[0];
-  const int64_t buckets = keys.dimensions()[0] / bucket_size;
-  hash::Table t{static_cast<uint32_t*>(keys_out->untyped_data()),
-                static_cast<int32_t*>(scores_out->untyped_data()),
-                static_cast<uint32_t*>(cand_keys_out->untyped_data()),
-                static_cast<int32_t*>(cand_scores_out->untyped_data()),
-                buckets,
-                bucket_size,
-                cand_keys.dimensions()[0] / buckets,
-                threshold,
-                ttl,
-                eviction,
-                *static_cast<const int32_t*>(step.untyped_data())};
+  hash::Table t = hash::TableOver(keys_out, scores_out, cand_keys_out, cand_scores_out,
+                                  bucket_size, threshold, ttl, eviction,
+                                  *static_cast<const int32_t*>(step.untyped_data()));
+  const int64_t buckets = t.num_buckets;
   const uint32_t* w = static_cast<const uint32_t*>(ids.untyped_data());
   int32_t* out = static_cast<int32_t*>(slots->untyped_data());
   bool* fr = static_cast<bool*>(fresh->untyped_data());
@@ -164,32 +157,9 @@ ffi::Error HashFindOrInsertImpl(
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkHashFindCpu, embark::HashFindImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // keys [C, 2] u32
-                                  .Arg<xla::ffi::AnyBuffer>()  // scores [C, 2] s32
-                                  .Arg<xla::ffi::AnyBuffer>()  // ids [N, 2] u32
-                                  .Arg<xla::ffi::AnyBuffer>()  // step [] s32
-                                  .Ret<xla::ffi::AnyBuffer>()  // slots [N] s32
-                                  .Attr<int64_t>("bucket_size")
-                                  .Attr<int64_t>("ttl"));
+                                  EMBARK_HASH_FIND_OPERANDS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkHashFindOrInsertCpu, embark::HashFindOrInsertImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // keys [C, 2] u32
-                                  .Arg<xla::ffi::AnyBuffer>()  // scores [C, 2] s32
-                                  .Arg<xla::ffi::AnyBuffer>()  // cand_keys [B * A, 2] u32
-                                  .Arg<xla::ffi::AnyBuffer>()  // cand_scores [B * A, 2] s32
-                                  .Arg<xla::ffi::AnyBuffer>()  // ids [N, 2] u32
-                                  .Arg<xla::ffi::AnyBuffer>()  // step [] s32
-                                  .Ret<xla::ffi::AnyBuffer>()  // keys (aliased)
-                                  .Ret<xla::ffi::AnyBuffer>()  // scores (aliased)
-                                  .Ret<xla::ffi::AnyBuffer>()  // cand_keys (aliased)
-                                  .Ret<xla::ffi::AnyBuffer>()  // cand_scores (aliased)
-                                  .Ret<xla::ffi::AnyBuffer>()  // slots [N] s32
-                                  .Ret<xla::ffi::AnyBuffer>()  // fresh [N] bool
-                                  .Ret<xla::ffi::AnyBuffer>()  // counts [6] s32
-                                  .Ret<xla::ffi::AnyBuffer>()  // workspace (CUDA only)
-                                  .Attr<int64_t>("bucket_size")
-                                  .Attr<int64_t>("eviction")
-                                  .Attr<int64_t>("threshold")
-                                  .Attr<int64_t>("ttl"));
+                                  EMBARK_HASH_FIND_OR_INSERT_OPERANDS);

@@ -14,6 +14,20 @@
 
 namespace embark {
 
+// Every piece of a kernel's workspace starts on a 256-byte boundary (as cudaMalloc's do).
+inline size_t Align256(size_t x) { return (x + 255) & ~size_t{255}; }
+
+// Lays out the pieces of one workspace one after another: Take(bytes) is the next piece's
+// offset; `total` the bytes taken so far.
+struct WorkspacePieces {
+  size_t total = 0;
+  size_t Take(size_t bytes) {
+    const size_t at = total;
+    total += Align256(bytes);
+    return at;
+  }
+};
+
 // How the CUDA kernels store a bfloat16 (the Bf16 argument of DispatchFloat on CUDA).
 using DevBf16 = __nv_bfloat16;
 

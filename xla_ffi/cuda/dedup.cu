@@ -157,29 +157,24 @@ ffi::Error Dedup(cudaStream_t stream, const void* ids, bool ids64, int64_t n, in
 DedupLayout DedupWorkspaceLayout(int64_t n, int key_bytes, int64_t d) {
   DedupLayout L{};
   const size_t m = static_cast<size_t>(n < 1 ? 1 : n);
-  size_t off = 0;
-  auto take = [&off](size_t bytes) {
-    size_t at = off;
-    off += AlignUp(bytes);
-    return at;
-  };
-  L.keys_a = take(m * key_bytes);
-  L.keys_b = take(m * key_bytes);
-  L.vals_a = take(m * 4);
-  L.vals_b = take(m * 4);
-  L.flags = take(m * 4);
-  L.slots = take(m * 4);
-  L.run_start = take((m + 1) * 4);
+  WorkspacePieces w;
+  L.keys_a = w.Take(m * key_bytes);
+  L.keys_b = w.Take(m * key_bytes);
+  L.vals_a = w.Take(m * 4);
+  L.vals_b = w.Take(m * 4);
+  L.flags = w.Take(m * 4);
+  L.slots = w.Take(m * 4);
+  L.run_start = w.Take((m + 1) * 4);
   L.cub_status = key_bytes == 8 ? CubBytes<uint64_t>(static_cast<int64_t>(m), &L.cub_bytes)
                                 : CubBytes<uint32_t>(static_cast<int64_t>(m), &L.cub_bytes);
-  L.cub_temp = take(L.cub_bytes);
+  L.cub_temp = w.Take(L.cub_bytes);
   if (d > 0) {
     L.max_pieces = MaxPieces(static_cast<int64_t>(m));
-    L.piece_count = take(m * 4);
-    L.piece_end = take(m * 4);
-    L.partial = take(static_cast<size_t>(L.max_pieces) * static_cast<size_t>(d) * 4);
+    L.piece_count = w.Take(m * 4);
+    L.piece_end = w.Take(m * 4);
+    L.partial = w.Take(static_cast<size_t>(L.max_pieces) * static_cast<size_t>(d) * 4);
   }
-  L.total = off;
+  L.total = w.total;
   return L;
 }
 

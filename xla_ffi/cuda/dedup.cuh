@@ -17,8 +17,6 @@ struct DedupLayout {
   cudaError_t cub_status;  // of CUB's size query; total is meaningless unless cudaSuccess
 };
 
-inline size_t AlignUp(size_t x) { return (x + 255) & ~size_t{255}; }
-
 // Hot ids: a run (the positions of one distinct id) longer than kLongRun is split into
 // pieces of kPiece ids, reduced by separate warps into float32 partial rows, and the row's
 // gradient is the sum of its pieces (a second pass), as FBGEMM does, so that one very hot id

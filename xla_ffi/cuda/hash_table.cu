@@ -16,6 +16,7 @@
 
 #include "common.cuh"
 #include "embark_hash_table.h"
+#include "embark_operands.h"
 #include "kernels.h"
 
 namespace embark {
@@ -26,27 +27,20 @@ struct HashLayout {
   cudaError_t cub_status;
 };
 
-inline size_t Align256(size_t x) { return (x + 255) & ~size_t{255}; }
-
 HashLayout Layout(int64_t n) {
   HashLayout L{};
   const size_t m = static_cast<size_t>(n < 1 ? 1 : n);
-  size_t off = 0;
-  auto take = [&off](size_t bytes) {
-    size_t at = off;
-    off += Align256(bytes);
-    return at;
-  };
-  L.keys_a = take(m * 4);
-  L.keys_b = take(m * 4);
-  L.vals_a = take(m * 4);
-  L.vals_b = take(m * 4);
+  WorkspacePieces w;
+  L.keys_a = w.Take(m * 4);
+  L.keys_b = w.Take(m * 4);
+  L.vals_a = w.Take(m * 4);
+  L.vals_b = w.Take(m * 4);
   cub::DoubleBuffer<uint32_t> k(nullptr, nullptr);
   cub::DoubleBuffer<int32_t> v(nullptr, nullptr);
   L.cub_bytes = 0;
   L.cub_status = cub::DeviceRadixSort::SortPairs(nullptr, L.cub_bytes, k, v, static_cast<int>(m));
-  L.cub_temp = take(L.cub_bytes);
-  L.total = off;
+  L.cub_temp = w.Take(L.cub_bytes);
+  L.total = w.total;
   return L;
 }
 
@@ -164,18 +158,10 @@ ffi::Error HashFindOrInsertCudaImpl(
   EMBARK_CUDA_RETURN_IF_ERROR(
       what, cudaMemsetAsync(cnt, 0, sizeof(int32_t) * abi::kNumHashCounts, stream));
   if (n == 0) return CudaStatus(what);
-  const int64_t buckets = keys.dimensions()[0] / bucket_size;
-  hash::Table t{static_cast<uint32_t*>(keys_out->untyped_data()),
-                static_cast<int32_t*>(scores_out->untyped_data()),
-                static_cast<uint32_t*>(cand_keys_out->untyped_data()),
-                static_cast<int32_t*>(cand_scores_out->untyped_data()),
-                buckets,
-                bucket_size,
-                cand_keys.dimensions()[0] / buckets,
-                threshold,
-                ttl,
-                eviction,
-                0};  // the step is read on the device
+  // the step is read on the device
+  hash::Table t = hash::TableOver(keys_out, scores_out, cand_keys_out, cand_scores_out,
+                                  bucket_size, threshold, ttl, eviction, 0);
+  const int64_t buckets = t.num_buckets;
   char* ws = static_cast<char*>(workspace->untyped_data());
   uint32_t* ka = reinterpret_cast<uint32_t*>(ws + L.keys_a);
   uint32_t* kb = reinterpret_cast<uint32_t*>(ws + L.keys_b);
@@ -214,34 +200,11 @@ size_t HashTableWorkspaceBytes(int64_t n) {
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkHashFindCuda, embark::HashFindCudaImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // keys [C, 2] u32
-                                  .Arg<xla::ffi::AnyBuffer>()  // scores [C, 2] s32
-                                  .Arg<xla::ffi::AnyBuffer>()  // ids [N, 2] u32
-                                  .Arg<xla::ffi::AnyBuffer>()  // step [] s32
-                                  .Ret<xla::ffi::AnyBuffer>()  // slots [N] s32
-                                  .Attr<int64_t>("bucket_size")
-                                  .Attr<int64_t>("ttl"),
+                                  EMBARK_HASH_FIND_OPERANDS,
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkHashFindOrInsertCuda, embark::HashFindOrInsertCudaImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // keys [C, 2] u32
-                                  .Arg<xla::ffi::AnyBuffer>()  // scores [C, 2] s32
-                                  .Arg<xla::ffi::AnyBuffer>()  // cand_keys [B * A, 2] u32
-                                  .Arg<xla::ffi::AnyBuffer>()  // cand_scores [B * A, 2] s32
-                                  .Arg<xla::ffi::AnyBuffer>()  // ids [N, 2] u32
-                                  .Arg<xla::ffi::AnyBuffer>()  // step [] s32
-                                  .Ret<xla::ffi::AnyBuffer>()  // keys (aliased)
-                                  .Ret<xla::ffi::AnyBuffer>()  // scores (aliased)
-                                  .Ret<xla::ffi::AnyBuffer>()  // cand_keys (aliased)
-                                  .Ret<xla::ffi::AnyBuffer>()  // cand_scores (aliased)
-                                  .Ret<xla::ffi::AnyBuffer>()  // slots [N] s32
-                                  .Ret<xla::ffi::AnyBuffer>()  // fresh [N] bool
-                                  .Ret<xla::ffi::AnyBuffer>()  // counts [6] s32
-                                  .Ret<xla::ffi::AnyBuffer>()  // workspace u8
-                                  .Attr<int64_t>("bucket_size")
-                                  .Attr<int64_t>("eviction")
-                                  .Attr<int64_t>("threshold")
-                                  .Attr<int64_t>("ttl"),
+                                  EMBARK_HASH_FIND_OR_INSERT_OPERANDS,
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -26,8 +26,6 @@
 namespace embark {
 
 namespace {
-inline size_t Align256(size_t x) { return (x + 255) & ~size_t{255}; }
-
 // Byte offsets of the workspace parts for num_out bags of width d.
 struct PoolLayout {
   size_t flag, offsets, denom, acc, total;

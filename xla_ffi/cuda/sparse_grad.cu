@@ -132,6 +132,18 @@ __global__ void SparseGradKernel(DedupView v, bool ids64, GradArgs g, int64_t ca
   }
 }
 
+// This lane's part of the sum of squares of unique row k's summed gradient (the row-wise
+// optimizers reduce it over the warp).
+__device__ __forceinline__ float LaneSquares(const DedupView& v, const GradArgs& g, int64_t k) {
+  float sq = 0.0f;
+  for (int64_t c0 = 0; c0 < g.d; c0 += 32 * kR) {
+    float acc[kR];
+    AccumulateChunk(v, g, k, c0, acc);
+    for (int r = 0; r < kR; ++r) sq += acc[r] * acc[r];
+  }
+  return sq;
+}
+
 template <typename T>
 __global__ void SparseGradUpdateKernel(DedupView v, bool ids64, GradArgs g, T* table, float* sa,
                                        float* sb, int64_t vocab, Optimizer opt, const float* hp) {
@@ -145,12 +157,7 @@ __global__ void SparseGradUpdateKernel(DedupView v, bool ids64, GradArgs g, T* t
     if (row < 0 || row >= vocab) continue;
     float step = 0.0f;
     if (opt == Optimizer::ROW_WISE_ADAGRAD) {  // needs the whole row's sum of g^2 first
-      float sq = 0.0f;
-      for (int64_t c0 = 0; c0 < g.d; c0 += 32 * kR) {
-        float acc[kR];
-        AccumulateChunk(v, g, k, c0, acc);
-        for (int r = 0; r < kR; ++r) sq += acc[r] * acc[r];
-      }
+      const float sq = LaneSquares(v, g, k);
       step = RowWiseStep(sa, row, sq, g.d, h);
     }
     for (int64_t c0 = 0; c0 < g.d; c0 += 32 * kR) {
@@ -207,12 +214,7 @@ __global__ void SparseGradStageKernel(DedupView v, bool ids64, GradArgs g, const
     bool finite = true;
     float step = 0.0f;
     if (opt == Optimizer::ROW_WISE_ADAGRAD) {  // needs the whole row's sum of g^2 first
-      float sq = 0.0f;
-      for (int64_t c0 = 0; c0 < g.d; c0 += 32 * kR) {
-        float acc[kR];
-        AccumulateChunk(v, g, k, c0, acc);
-        for (int r = 0; r < kR; ++r) sq += acc[r] * acc[r];
-      }
+      const float sq = LaneSquares(v, g, k);
       const float a = RowWiseAccumulator(sa[row], sq, g.d);
       if (lane == 0) o.a[k] = a;
       finite = isfinite(a);

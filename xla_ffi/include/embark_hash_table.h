@@ -56,6 +56,26 @@ struct Table {
   int32_t step;
 };
 
+// The table over find_or_insert's outputs (they alias its inputs: the kernels update them in
+// place); the candidate count comes from the candidate buffer [B * A, 2].
+inline Table TableOver(ffi::Result<ffi::AnyBuffer>& keys, ffi::Result<ffi::AnyBuffer>& scores,
+                       ffi::Result<ffi::AnyBuffer>& cand_keys,
+                       ffi::Result<ffi::AnyBuffer>& cand_scores, int64_t bucket_size,
+                       int64_t threshold, int64_t ttl, int64_t eviction, int32_t step) {
+  const int64_t buckets = keys->dimensions()[0] / bucket_size;
+  return Table{static_cast<uint32_t*>(keys->untyped_data()),
+               static_cast<int32_t*>(scores->untyped_data()),
+               static_cast<uint32_t*>(cand_keys->untyped_data()),
+               static_cast<int32_t*>(cand_scores->untyped_data()),
+               buckets,
+               bucket_size,
+               cand_keys->dimensions()[0] / buckets,
+               threshold,
+               ttl,
+               eviction,
+               step};
+}
+
 EMBARK_HOST_DEVICE inline bool IsEmpty(uint32_t lo, uint32_t hi) {
   return lo == kEmptyWord && hi == kEmptyWord;
 }

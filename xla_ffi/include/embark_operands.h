@@ -59,6 +59,37 @@
     EMBARK_TABLE_AND_SLOTS_RETS                                 \
     .Attr<int64_t>("optimizer")
 
+// embark_hash_find: keys [C, 2] u32, scores [C, 2] s32, ids [N, 2] u32, step []; slots [N]
+#define EMBARK_HASH_FIND_OPERANDS                        \
+    .Arg<xla::ffi::AnyBuffer>() /* keys */               \
+    .Arg<xla::ffi::AnyBuffer>() /* scores */             \
+    .Arg<xla::ffi::AnyBuffer>() /* ids */                \
+    .Arg<xla::ffi::AnyBuffer>() /* step */               \
+    .Ret<xla::ffi::AnyBuffer>() /* slots */              \
+    .Attr<int64_t>("bucket_size")                        \
+    .Attr<int64_t>("ttl")
+// embark_hash_find_or_insert: the table and its eviction candidates (cand_keys [B * A, 2],
+// cand_scores) updated in place, ids, step; slots [N], fresh [N], counts [6], workspace
+#define EMBARK_HASH_FIND_OR_INSERT_OPERANDS                    \
+    .Arg<xla::ffi::AnyBuffer>() /* keys */                     \
+    .Arg<xla::ffi::AnyBuffer>() /* scores */                   \
+    .Arg<xla::ffi::AnyBuffer>() /* cand_keys */                \
+    .Arg<xla::ffi::AnyBuffer>() /* cand_scores */              \
+    .Arg<xla::ffi::AnyBuffer>() /* ids */                      \
+    .Arg<xla::ffi::AnyBuffer>() /* step */                     \
+    .Ret<xla::ffi::AnyBuffer>() /* keys (aliased) */           \
+    .Ret<xla::ffi::AnyBuffer>() /* scores (aliased) */         \
+    .Ret<xla::ffi::AnyBuffer>() /* cand_keys (aliased) */      \
+    .Ret<xla::ffi::AnyBuffer>() /* cand_scores (aliased) */    \
+    .Ret<xla::ffi::AnyBuffer>() /* slots */                    \
+    .Ret<xla::ffi::AnyBuffer>() /* fresh */                    \
+    .Ret<xla::ffi::AnyBuffer>() /* counts */                   \
+    .Ret<xla::ffi::AnyBuffer>() /* workspace (CUDA only) */    \
+    .Attr<int64_t>("bucket_size")                              \
+    .Attr<int64_t>("eviction")                                 \
+    .Attr<int64_t>("threshold")                                \
+    .Attr<int64_t>("ttl")
+
 namespace embark {
 
 using F32Buffer = ffi::Buffer<ffi::F32>;
