@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from embark_jax.core.choice import Choice
+from embark_jax.core.names import name_mismatch
 from embark_jax.core.specs import Combiner, EmbeddingConfig
 
 __all__ = ["FORMAT", "Cluster", "Plan", "PlanError", "TablePlan", "Topology"]
@@ -155,11 +156,9 @@ class Plan:
         """Checks the plan against the tables: every table planned exactly once, column
         slices divide the dim, sequence (`none`) features not on RB tables."""
         by_name = config.table_by_name
-        planned = {t.name for t in self.tables}
-        missing = sorted(set(by_name) - planned)
+        unknown, missing = name_mismatch((t.name for t in self.tables), by_name)
         if missing:
             raise PlanError(f"tables {_few(missing)} are not in the plan")
-        unknown = sorted(planned - set(by_name))
         if unknown:
             raise PlanError(f"plan places unknown tables {_few(unknown)}")
         for t in self.tables:
@@ -350,10 +349,10 @@ def _few(names: list[str], limit: int = 8) -> str:
 
 
 def _check_keys(obj: dict, known: frozenset, required: frozenset, where: str) -> None:
-    unknown = sorted(set(obj) - known)
+    unknown, _ = name_mismatch(obj, known)
     if unknown:
         raise PlanError(f"{where}: unknown field {unknown[0]!r}; expected {sorted(known)}")
-    missing = sorted(required - set(obj))
+    _, missing = name_mismatch(obj, required)
     if missing:
         raise PlanError(f"{where}: missing field {missing[0]!r}")
 

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from embark_jax.core.names import name_mismatch
 from embark_jax.core.specs import Combiner, EmbeddingConfig
 
 __all__ = ["SparseFeatures"]
@@ -69,7 +70,7 @@ class SparseFeatures:
         """
         weights = dict(weights or {})
         _check_names(ids, weights, config)
-        out_ids, out_len, out_w = {}, {}, {}
+        parts = _Parts()
         batch = None
         for name, raw in ids.items():
             arr = _as_int_array(name, raw)
@@ -90,10 +91,8 @@ class SparseFeatures:
             packed = np.where(packed_valid, packed, PAD)
             if w is not None:
                 w = np.where(packed_valid, np.take_along_axis(w, order, axis=1), 0.0)
-            out_ids[name], out_len[name], out_w_name = _finish(name, packed, lengths, w, config)
-            if out_w_name is not None:
-                out_w[name] = out_w_name
-        return _checked(cls(ids=out_ids, lengths=out_len, weights=out_w), config)
+            parts.add(name, packed, lengths, w, config)
+        return parts.build(cls, config)
 
     @classmethod
     def from_lengths(
@@ -112,7 +111,7 @@ class SparseFeatures:
             raise ValueError(
                 f"lengths given for features {sorted(lengths)} but values for {sorted(values)}"
             )
-        out_ids, out_len, out_w = {}, {}, {}
+        parts = _Parts()
         batch = None
         for name, raw in values.items():
             vals = _as_int_array(name, raw)
@@ -159,10 +158,8 @@ class SparseFeatures:
                     f"feature {name!r}: negative id {int(vals[i])} at sample {int(row[i])}, "
                     f"position {int(col[i])}"
                 )
-            out_ids[name], out_len[name], out_dw = _finish(name, dense, lens, dw, config)
-            if out_dw is not None:
-                out_w[name] = out_dw
-        return _checked(cls(ids=out_ids, lengths=out_len, weights=out_w), config)
+            parts.add(name, dense, lens, dw, config)
+        return parts.build(cls, config)
 
     @classmethod
     def from_ragged(
@@ -382,11 +379,10 @@ def _check_names(ids: Mapping, weights: Mapping, config: EmbeddingConfig | None)
         raise ValueError(f"weights given for features without ids: {unknown_w}")
     if config is None:
         return
-    known = set(config.feature_by_name)
-    unknown = sorted(set(ids) - known)
+    unknown, missing = name_mismatch(ids, config.feature_by_name)
     if unknown:
-        raise ValueError(f"unknown features {unknown}; configured features: {sorted(known)}")
-    missing = sorted(known - set(ids))
+        known = sorted(config.feature_by_name)
+        raise ValueError(f"unknown features {unknown}; configured features: {known}")
     if missing:
         raise ValueError(f"missing ids for configured features {missing}")
     for name in weights:
@@ -514,6 +510,21 @@ def _check_pool_weights(name: str, combiner, w, valid: np.ndarray) -> None:
             f"combiner needs at least 2**-60 (about {MIN_POOL_DENOMINATOR:.2g}) for every "
             "non-empty bag (float32 pools a smaller one to zeros)"
         )
+
+
+class _Parts:
+    """The checked per-feature arrays a constructor collects, then builds into one batch."""
+
+    def __init__(self):
+        self.ids, self.lengths, self.weights = {}, {}, {}
+
+    def add(self, name, packed, lengths, w, config) -> None:
+        self.ids[name], self.lengths[name], w = _finish(name, packed, lengths, w, config)
+        if w is not None:
+            self.weights[name] = w
+
+    def build(self, cls, config):
+        return _checked(cls(ids=self.ids, lengths=self.lengths, weights=self.weights), config)
 
 
 def _finish(name, packed, lengths, w, config):

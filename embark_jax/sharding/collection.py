@@ -22,6 +22,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from embark_jax import ops
+from embark_jax.core.names import name_mismatch
 from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.plan import Plan
 from embark_jax.core.specs import EmbeddingConfig
@@ -451,8 +452,7 @@ def _same_batch(lowered: Lowered, result: LookupResult, batch) -> SparseFeatures
 def _checked_grads(outputs: Mapping[str, jax.Array], grads: Mapping[str, jax.Array]):
     """`grads` as a dict, one per output feature and shaped like it (else a one-line
     `ValueError` naming the feature)."""
-    missing = sorted(set(outputs) - set(grads))
-    extra = sorted(set(grads) - set(outputs))
+    extra, missing = name_mismatch(grads, outputs)
     if missing or extra:
         raise ValueError(
             f"apply_gradients: gradients must be given for exactly the looked-up features; "

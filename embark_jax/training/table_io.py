@@ -24,6 +24,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import PartitionSpec as P
 
+from embark_jax.core.names import name_mismatch
 from embark_jax.core.plan import Cluster
 from embark_jax.sharding.lowering import Lowered
 from embark_jax.training.state import TrainSetup, TrainState
@@ -106,11 +107,10 @@ def check_arrays(lowered: Lowered, name: str, arrays: dict[str, Any], *, partial
     _check_values(name, "table", table, dtype)
     want = expected_slots(lowered, name)
     got = arrays.get("slots", {})
-    unknown = sorted(set(got) - set(want))
+    unknown, missing = name_mismatch(got, want)
     if unknown:
         opt = type(lowered.group_of(name).optimizer).__name__
         raise ValueError(f"table {name!r}: unknown slots {unknown} for optimizer {opt}")
-    missing = sorted(set(want) - set(got))
     if missing and not partial:
         raise ValueError(
             f"table {name!r}: checkpoint has no optimizer slots {missing} "
