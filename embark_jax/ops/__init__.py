@@ -14,6 +14,7 @@ from embark_jax.ops.update import (
     commit_update,
     lookup_pool_backward_update,
     merge_duplicate_rows,
+    read_marker,
     sparse_update,
     stage_backward_update,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "lookup_pool_backward",
     "lookup_pool_backward_update",
     "merge_duplicate_rows",
+    "read_marker",
     "reference",
     "segment_sum",
     "sparse_update",

@@ -34,6 +34,7 @@ __all__ = [
     "kernel_slots",
     "lookup_pool_backward_update",
     "merge_duplicate_rows",
+    "read_marker",
     "sparse_update",
     "stage_backward_update",
 ]
@@ -228,6 +229,17 @@ def _reference_row_grads(table, g, ids, segment_ids, weights, combiner):
 # --- staged: compute, decide, commit -----------------------------------------------------
 
 
+def read_marker(*arrays: jax.Array) -> jax.Array:
+    """int32 `[k]`: the bits of one element of each of `arrays` (the outputs of a lookup),
+    for `commit_update(after=...)`: a few bytes that make the write wait for whatever
+    produced them."""
+    parts = [
+        jax.lax.bitcast_convert_type(x.reshape(-1)[:1].astype(jnp.float32), jnp.int32)
+        for x in arrays
+    ]
+    return jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.int32)
+
+
 class StagedUpdate(NamedTuple):
     """The rows a staged update would write (`stage_backward_update`), one slot per id.
 
@@ -313,16 +325,25 @@ def commit_update(
     commit: jax.Array | bool,
     *,
     optimizer: SparseOptimizer,
+    after: jax.Array | None = None,
     backend: Backend | str | None = None,
 ) -> tuple[jax.Array, Any]:
     """Writes `staged` into `table` and `state` in place when `commit` (a bool scalar, may be
     traced) is true; otherwise returns them bit-identical. `table` may carry leading
     dimensions (`[1, V, D]`, a `shard_map` block of a stacked buffer; the state's slot
     arrays carry the same ones): updating the block as it is lets XLA alias it with no copy.
-    An optimizer that counts updates (Adam) counts this one only when committed."""
+    An optimizer that counts updates (Adam) counts this one only when committed.
+
+    `after`: an int32 array the write must wait for (never read), e.g. `read_marker` of a
+    lookup of the same table in the same jit whose outputs the update does not otherwise
+    depend on; without it XLA keeps such a lookup and the in-place write apart by copying
+    the whole table."""
     commit = jnp.asarray(commit)
     if _uses_kernels(backend, table.dtype):
         slot_a, slot_b = kernel_slots(optimizer, state)
+        verdict = commit.astype(jnp.int32).reshape(1)
+        if after is not None:  # ordering operands ride behind the verdict, never read
+            verdict = jnp.concatenate([verdict, jnp.asarray(after, jnp.int32).reshape(-1)])
         new_table, a, b = _ffi.commit_rows(
             table,
             slot_a,
@@ -330,7 +351,7 @@ def commit_update(
             staged.rows,
             staged.values,
             *staged.slots,
-            commit.astype(jnp.int32),
+            verdict,
             optimizer.kernel_id,
         )
         return new_table, from_kernel_slots(optimizer, state, a, b, commit)

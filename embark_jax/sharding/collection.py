@@ -45,6 +45,7 @@ __all__ = [
     "EmbeddingCollection",
     "EmbeddingOptState",
     "EmbeddingTable",
+    "GroupResiduals",
     "InvalidIdError",
     "LookupOutputs",
     "LookupResult",
@@ -61,7 +62,7 @@ class LookupOutputs(NamedTuple):
     """What `lookup_fn(..., with_invalid=True)` returns.
 
     outputs: feature -> `[B, d]` (pooled) or `[B, H, d]` (`none`), sharded by sample.
-    residuals: group -> the cluster's routing residuals (leading device axis).
+    residuals: group -> `GroupResiduals` (routing and read marker, leading device axis).
     overflow: `[num_tables]` int32, plan order, summed over devices: id occurrences whose
       vector (any column slice of it) was lost to a routing or dedup capacity.
     invalid: `[num_tables]` int32, plan order, summed over devices: ids `< -1` or
@@ -72,6 +73,15 @@ class LookupOutputs(NamedTuple):
     residuals: Any
     overflow: jax.Array
     invalid: jax.Array
+
+
+class GroupResiduals(NamedTuple):
+    """What a group's lookup leaves for its update: the cluster's routing (`DPResiduals`,
+    `RBResiduals`, `UBResiduals`) and the read marker its commit waits for
+    (`ops.read_marker`), each with a leading device axis."""
+
+    routing: Any
+    marker: jax.Array
 
 
 class EmbeddingTable(nnx.Variable):
@@ -156,7 +166,8 @@ def lookup_fn(
         for gname, cl in clusters.items():
             out, res, ov = cl.forward(bufs[gname][0], local_batch)
             outputs.update(out)
-            residuals[gname] = jax.tree.map(lambda x: x[None], res)
+            routed = GroupResiduals(res, ops.read_marker(*out.values()))
+            residuals[gname] = jax.tree.map(lambda x: x[None], routed)
             idx = np.array([names.index(t) for t in cl.table_names])
             overflow = overflow.at[idx].add(ov)
         counts = jax.lax.psum(jnp.stack([overflow, invalid]), lowered.axis_names)
@@ -211,10 +222,10 @@ def apply_gradients_fn(
     step = jnp.zeros((), jnp.int32) if step is None else jnp.asarray(step, jnp.int32)
 
     def body(bufs, sts, res, grads, seed, step, allow):
-        staged, finite = {}, jnp.bool_(True)
+        staged, markers, finite = {}, {}, jnp.bool_(True)
         for gname, cl in clusters.items():
             local_state = jax.tree.map(lambda x: x[0], sts[gname])
-            r = jax.tree.map(lambda x: x[0], res[gname])
+            r, markers[gname] = jax.tree.map(lambda x: x[0], res[gname])
             staged[gname] = cl.backward_stage(
                 bufs[gname][0], local_state, r, grads, optimizers[gname], step, seed
             )
@@ -224,7 +235,12 @@ def apply_gradients_fn(
         new_b, new_s = {}, {}
         for gname in clusters:
             new_b[gname], new_s[gname] = ops.commit_update(
-                bufs[gname], sts[gname], staged[gname], commit, optimizer=optimizers[gname]
+                bufs[gname],
+                sts[gname],
+                staged[gname],
+                commit,
+                optimizer=optimizers[gname],
+                after=markers[gname],
             )
         return new_b, new_s, commit
 

@@ -139,7 +139,7 @@ def test_lookup_residuals_are_typed_per_cluster():
     from embark_jax.core.options import RuntimeOptions
     from embark_jax.data.sparse import SparseFeatures
     from embark_jax.sharding.clusters import DPResiduals, RBResiduals, UBResiduals
-    from embark_jax.sharding.collection import lookup_fn
+    from embark_jax.sharding.collection import GroupResiduals, lookup_fn
 
     lowered = _lowered()
     mesh = lowered.plan.make_mesh()
@@ -156,7 +156,9 @@ def test_lookup_residuals_are_typed_per_cluster():
     kinds = {"dp": DPResiduals, "rb": RBResiduals, "ub": UBResiduals}
     assert len(residuals) == len(lowered.groups)
     for g in lowered.groups:
-        res = residuals[g.name]
+        assert type(residuals[g.name]) is GroupResiduals
+        assert residuals[g.name].marker.shape[0] == lowered.num_devices
+        res = residuals[g.name].routing
         assert type(res) is kinds[g.cluster.value]
         assert all(x.shape[0] == lowered.num_devices for x in jax.tree.leaves(res))
         assert type(jax.tree.map(lambda x: x[0], res)) is kinds[g.cluster.value]

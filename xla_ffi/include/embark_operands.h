@@ -48,7 +48,7 @@
     .Ret<xla::ffi::AnyBuffer>()             /* workspace */     \
     .Attr<int64_t>("optimizer")                                 \
     .Attr<int64_t>("per_id")
-// embark_commit_rows: rows [C], values [C, D], staged slots, commit []; table and slots updated
+// embark_commit_rows: rows [C], values [C, D], staged slots, commit [1 + k]; table and slots updated
 #define EMBARK_COMMIT_ROWS_OPERANDS                             \
     EMBARK_TABLE_AND_SLOTS_ARGS                                 \
     .Arg<xla::ffi::AnyBuffer>()             /* rows */          \
@@ -288,8 +288,11 @@ inline ffi::Error CheckSparseGradStage(const ffi::AnyBuffer& table, const F32Buf
 
 // embark_commit_rows: a table [..., D] of any rank >= 2 (its rows are all leading
 // dimensions: a shard_map block [1, R, D] is updated without a reshape, which would make XLA
-// copy the aliased buffer), its slots, the staged rows, and commit [] int32; the outputs
-// alias the table and slots.
+// copy the aliased buffer), its slots, the staged rows, and commit; the outputs
+// alias the table and slots. commit is int32 [1 + k]: element 0 is the verdict; the other k
+// are never read: they are values the write must wait for (XLA orders a call after the
+// producers of its operands, so an update is not placed before a lookup that reads the same
+// table, which would otherwise make XLA copy the whole table to keep them apart).
 inline ffi::Error CheckCommitRows(const ffi::AnyBuffer& table, const F32Buffer& slot_a,
                                   const F32Buffer& slot_b, const ffi::AnyBuffer& rows,
                                   const ffi::AnyBuffer& values, const F32Buffer& staged_a,
@@ -299,7 +302,7 @@ inline ffi::Error CheckCommitRows(const ffi::AnyBuffer& table, const F32Buffer& 
   Check c("commit_rows");
   c.FloatType("table", table.element_type())
       .Attr("optimizer", optimizer, abi::kOptimizerNames, abi::kNumOptimizers)
-      .Count("commit", commit, 1, "a scalar");
+      .MinCount("commit", commit, 1, "the verdict, then any ordering operands");
   if (!c.failed() && table.dimensions().size() < 2) {
     c.Rank("table", table, 2, "[..., R, D]");
   }
