@@ -30,9 +30,9 @@ class CommDtype(Choice):
 class DPGradients(Choice):
     """How DP (replicated) tables exchange gradients."""
 
-    AUTO = "auto"  # whichever of the two moves fewer bytes
+    AUTO = "auto"  # whichever moves fewer words over links and memory (core.dp_exchange)
     DENSE = "dense"  # all-reduce of the [V, d] gradient
-    SPARSE = "sparse"  # all-gather of every device's per-id gradients
+    SPARSE = "sparse"  # all-gather of every device's id slots and pooled output gradients
 
 
 class OverflowPolicy(Choice):

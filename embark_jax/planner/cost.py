@@ -20,7 +20,9 @@ import math
 
 import numpy as np
 
+from embark_jax.core import dp_exchange
 from embark_jax.core.capacity_rule import bucket_slots
+from embark_jax.core.specs import Combiner
 from embark_jax.planner.hardware import HardwareTopology
 from embark_jax.planner.model import PlannerTable
 from embark_jax.planner.types import Cost
@@ -32,6 +34,7 @@ __all__ = [
     "dense_seconds",
     "dp_cost",
     "dp_dense_gradients",
+    "dp_grad_rows",
     "expected_unique",
     "rb_bucket",
     "rb_requester_cost",
@@ -189,12 +192,19 @@ def ub_shard_cost(
     return Cost(compute, intra, inter, mem)
 
 
+def dp_grad_rows(t: PlannerTable) -> int:
+    """Output gradient rows per sample of the table's feature: one pooled vector, or one per
+    id slot of a sequence (`none`) feature."""
+    return id_slots(t) if t.combiner is Combiner.NONE else 1
+
+
 def dp_dense_gradients(t: PlannerTable, batch: int, hw: HardwareTopology) -> bool:
-    """The runtime's `DPGradients.AUTO` rule: the dense all-reduce (gradients and touched
-    counts, 2 V (d + 1) floats) when it moves fewer bytes than the all-gather of every
-    device's id slots and gradients (G b H (d + 1))."""
+    """The runtime's `DPGradients.AUTO` rule (`core.dp_exchange.dense_wins`) for the table
+    as a group of its own."""
     b = batch // hw.num_devices
-    return 2 * t.vocab_size < hw.num_devices * b * id_slots(t)
+    return dp_exchange.dense_wins(
+        t.vocab_size, t.dim, b * id_slots(t), b * dp_grad_rows(t), hw.num_devices
+    )
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -202,21 +212,23 @@ def dp_cost(t: PlannerTable, batch: int, hw: HardwareTopology, slots: tuple[int,
     """A DP replica (on every device): local lookups of the device's b samples; gradients
     exchanged as the runtime does (`dp_dense_gradients`): a dense all-reduce of the fp32
     gradients and touched counts (V (4d + 4) bytes), or an all-gather of each device's b H
-    id slots with their fp32 gradients; the same sparse update on every replica."""
+    id slots and its pooled fp32 output gradients (`core.dp_exchange`); the same sparse
+    update on every replica."""
     e, d = t.dtype_bytes, t.dim
     g = hw.num_devices
     b = batch / g
     touched = expected_unique(batch * t.hotness, t.vocab_size, t.alpha)
-    compute = (
-        b * t.hotness * d * e
-        + b * d * e
-        + b * t.hotness * d * 4
-        + update_bytes(touched, d, e, slots)
-    )
+    compute = b * t.hotness * d * e + b * d * e + update_bytes(touched, d, e, slots)
     if dp_dense_gradients(t, batch, hw):
+        compute += 2 * t.vocab_size * d * 4  # the dense gradient, written and read
         intra, inter = allreduce_split(t.vocab_size * (d * 4 + 4), hw)
     else:
-        intra, inter = a2a_split(batch // g * id_slots(t) * (d * 4 + ID_BYTES), hw)
+        b_int = batch // g
+        per_dev = dp_exchange.sparse_bytes_per_device(
+            b_int * id_slots(t), b_int * dp_grad_rows(t), d
+        )
+        compute += g * per_dev  # every device's id slots and gradients, read by the kernel
+        intra, inter = a2a_split(per_dev, hw)
     return Cost(compute, intra, inter, table_memory(t.vocab_size, d, e, slots))
 
 

@@ -13,8 +13,8 @@ the same shape, the worst device's. So every device moves the same bytes, sized 
 - UB: the group bucket of unique-id slots (`cost.ub_bucket`): one int32 id out, one vector
   back and one gradient out per slot;
 - DP: per group, the dense all-reduce of the stacked replicas' fp32 gradients and touched
-  counts, or the all-gather of every device's id slots and gradients, whichever the runtime's
-  `DPGradients.AUTO` rule picks;
+  counts, or the all-gather of every device's id slots and pooled output gradients,
+  whichever the runtime's `DPGradients.AUTO` rule picks (`core.dp_exchange`);
 - the overflow and invalid counts (two int32 per table, all-reduced).
 
 Link bytes per device and direction: an all-to-all or all-gather with n peers moves
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from embark_jax.core import dp_exchange
 from embark_jax.core.plan import Cluster, Plan
 from embark_jax.planner import cost as C
 from embark_jax.planner.hardware import HardwareTopology
@@ -75,12 +76,14 @@ def _rb_vectors(members, b: int, w: int, e: int, hw: HardwareTopology, hierarchi
 
 
 def _dp(members, b: int, w: int, hw: HardwareTopology) -> tuple[float, float]:
-    """(intra, inter) bytes of a DP group's gradient exchange (`DPCluster.update`)."""
+    """(intra, inter) bytes of a DP group's gradient exchange (`DPCluster.stage`, by the
+    rule of `core.dp_exchange`)."""
     rows = sum(t.vocab_size for t, _ in members)
     id_slots = sum(b * C.id_slots(t) for t, _ in members)
-    if 2 * rows < hw.num_devices * id_slots:
+    grad_rows = sum(b * C.dp_grad_rows(t) for t, _ in members)
+    if dp_exchange.dense_wins(rows, w, id_slots, grad_rows, hw.num_devices):
         return C.allreduce_split(rows * (w + 1) * 4, hw)
-    return C.a2a_split(id_slots * (w + 1) * 4, hw)
+    return C.a2a_split(dp_exchange.sparse_bytes_per_device(id_slots, grad_rows, w), hw)
 
 
 def plan_traffic(

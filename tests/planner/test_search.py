@@ -106,11 +106,13 @@ def test_ub_and_dp_costs_by_hand():
     small = C.ub_shard_cost(t, 1, 1, batch=64, hw=hw, slots=slots, cap=8)
     assert small.intra == pytest.approx(ub.intra / 2)
     dp = C.dp_cost(t, 64, hw, slots)
-    # the runtime's AUTO rule: 2 V = 200 >= G b H = 128: the all-gather of id slots
+    # the runtime's AUTO rule (core.dp_exchange), in words: dense 2 V (d + 1) + 2 V d = 1800
+    # >= sparse 2 G (3 b H + b d) = 1280: the all-gather of b H id slots (row, bag, scale)
+    # and b pooled gradient rows per device
     assert not C.dp_dense_gradients(t, 64, hw)
-    assert dp.intra == pytest.approx(7 * 8 * 2 * (16 + 4)) and dp.inter == 0
+    assert dp.intra == pytest.approx(7 * (8 * 2 * 12 + 8 * 4 * 4)) and dp.inter == 0
     assert dp.memory == pytest.approx(100 * (16 + 16))
-    small_v = dataclasses.replace(t, vocab_size=10)  # 2 V = 20 < 128: the dense all-reduce
+    small_v = dataclasses.replace(t, vocab_size=10)  # dense 180 < 1280: the all-reduce
     assert C.dp_dense_gradients(small_v, 64, hw)
     assert C.dp_cost(small_v, 64, hw, slots).intra == pytest.approx(2 * 10 * (16 + 4) * 7 / 8)
 

@@ -112,8 +112,8 @@ def test_wire_bytes_convention():
 
 # (name, cluster, vocab, row shards, column shards, devices of each column slice)
 CASES = [
-    ("dp-dense", "dp", 64, 1, 1, [range(8)]),  # 2 V < G b H: all-reduce
-    ("dp-sparse", "dp", 4096, 1, 1, [range(8)]),  # all-gather of ids and gradients
+    ("dp-dense", "dp", 16, 1, 1, [range(8)]),  # a tiny table (core.dp_exchange): all-reduce
+    ("dp-sparse", "dp", 4096, 1, 1, [range(8)]),  # all-gather of id slots and pooled grads
     ("rb-node", "rb", 4096, 4, 1, [range(4)]),  # 2x4: hierarchical, shards fill node 0
     ("rb-rows", "rb", 4096, 8, 1, [range(8)]),  # row-split over every device
     ("ub-node", "ub", 4096, 4, 1, [range(4)]),
