@@ -183,12 +183,13 @@ def sparse_grad_stage(
 ):
     operands = (table, slot_a, slot_b, grads, ids, segment_ids, scale, hparams)
     n, d = ids.shape[0], table.shape[1]
-    staged = [result_type(ids, (n, w) if w else (1,), jnp.float32) for w in slot_widths]
+    c = min(n, table.shape[0])  # staged slots: at most this many distinct rows
+    staged = [result_type(ids, (c, w) if w else (1,), jnp.float32) for w in slot_widths]
     return _call(
         abi.Target.SPARSE_GRAD_STAGE,
         (
-            result_type(ids, (n,), ids.dtype),
-            result_type(ids, (n, d), table.dtype),
+            result_type(ids, (c,), ids.dtype),
+            result_type(ids, (c, d), table.dtype),
             *staged,
             result_type(ids, (), jnp.int32),
             result_type(ids, (), jnp.int32),

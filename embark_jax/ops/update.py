@@ -219,7 +219,7 @@ def _reference_row_grads(table, g, ids, segment_ids, weights, combiner):
         ids,
         segment_ids,
         weights,
-        capacity=ids.shape[0],
+        capacity=min(ids.shape[0], table.shape[0]),
         combiner=combiner,
         vocab_size=table.shape[0],
         backend=Backend.REFERENCE,
@@ -241,11 +241,12 @@ def read_marker(*arrays: jax.Array) -> jax.Array:
 
 
 class StagedUpdate(NamedTuple):
-    """The rows a staged update would write (`stage_backward_update`), one slot per id.
+    """The rows a staged update would write (`stage_backward_update`): C = min(N ids, V
+    rows) slots, as many as there can be distinct rows.
 
-    rows: `[N]` the distinct table rows, ascending, -1 after the last (and for dropped ids).
-    values: `[N, D]` their new weights, in the table's dtype (rounded as the kernels round).
-    slots: the two kernel slot operands' new rows, `[N, w]` for a slot of w floats per row
+    rows: `[C]` the distinct table rows, ascending, -1 after the last.
+    values: `[C, D]` their new weights, in the table's dtype (rounded as the kernels round).
+    slots: the two kernel slot operands' new rows, `[C, w]` for a slot of w floats per row
       (`abi::SlotRowWidth`), `[1]` for an unused one.
     finite: `[]` bool, every staged weight and slot value is finite.
     num_unique: `[]` int32, distinct ids seen.

@@ -5,8 +5,8 @@
 // nothing: a training step decides on device, between the two calls, whether to commit
 // (the staged rows, the loss and the dense update all finite, no refused overflow).
 //
-// Staged row k holds the k-th smallest distinct valid id; rows past the distinct count are
-// -1. bfloat16 values are rounded exactly as the in-place kernels round them (cpu_optim.h),
+// Staged row k holds the k-th smallest distinct id inside the table; rows past the distinct
+// count are -1 (the caller sizes them min(N, V), as many as there can be distinct rows). bfloat16 values are rounded exactly as the in-place kernels round them (cpu_optim.h),
 // so committing the staged rows gives the table sparse_grad_update would have written.
 #include <atomic>
 #include <vector>
@@ -87,8 +87,14 @@ ffi::Error SparseGradStageImpl(
   if (err.failure()) return err;
   const int64_t n = static_cast<int64_t>(ids.element_count());
   const int64_t d = table.dimensions()[1];
+  const int64_t cap = static_cast<int64_t>(rows->element_count());
   SortedIds s = SortValidIds(n, [&ids](int64_t i) { return LoadId(ids, i); });
   std::vector<int64_t> starts = RunStarts(s.keys);
+  // Runs of ids past the table sort last; dropping them leaves at most min(N, V) <= C runs.
+  while (starts.size() > 1 &&
+         static_cast<int64_t>(s.keys[starts[starts.size() - 2]]) >= table.dimensions()[0]) {
+    starts.pop_back();
+  }
   const int64_t u = static_cast<int64_t>(starts.size()) - 1;
   const Stage p{&s, &starts, table.dimensions()[0], d, grads.dimensions()[0],
                 abi::SlotRowWidth(optimizer, 0, d), abi::SlotRowWidth(optimizer, 1, d), &seg,
@@ -107,11 +113,11 @@ ffi::Error SparseGradStageImpl(
       if (rows->element_type() == ffi::DataType::S64) {
         int64_t* out = static_cast<int64_t*>(rows->untyped_data());
         ok = Run(pool, p, tab, grd, val, out);
-        for (int64_t k = u; k < n; ++k) out[k] = -1;
+        for (int64_t k = u; k < cap; ++k) out[k] = -1;
       } else {
         int32_t* out = static_cast<int32_t*>(rows->untyped_data());
         ok = Run(pool, p, tab, grd, val, out);
-        for (int64_t k = u; k < n; ++k) out[k] = -1;
+        for (int64_t k = u; k < cap; ++k) out[k] = -1;
       }
     });
   });

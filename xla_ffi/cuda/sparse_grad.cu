@@ -345,9 +345,10 @@ ffi::Error SparseGradStageCudaImpl(
                    finite->typed_data()};
   err = DispatchFloat<DevBf16>("sparse_grad_stage", "table", table.element_type(), [&](auto tag) {
     using T = EMBARK_TYPE(tag);
-    SparseGradStageKernel<T><<<GridFor(n, 8), 256, 0, stream>>>(
+    const int64_t cap = static_cast<int64_t>(rows->element_count());  // >= min(n, vocab)
+    SparseGradStageKernel<T><<<GridFor(cap, 8), 256, 0, stream>>>(
         v, ids64, g, static_cast<const T*>(table.untyped_data()), slot_a.typed_data(),
-        slot_b.typed_data(), vocab, static_cast<Optimizer>(optimizer), hparams.typed_data(), n,
+        slot_b.typed_data(), vocab, static_cast<Optimizer>(optimizer), hparams.typed_data(), cap,
         static_cast<T*>(values->untyped_data()), o);
   });
   if (err.failure()) return err;

@@ -265,7 +265,8 @@ inline void CheckStagedRows(Check& c, const ffi::AnyBuffer& table, const ffi::An
 }
 
 // embark_sparse_grad_stage: the optimizer operands (the table is only read), the gradient
-// operands, the staged rows (C = N, one per id) and num_unique [], finite [].
+// operands, the staged rows (C >= min(N, V) slots: at most that many distinct rows of the
+// table can be touched) and num_unique [], finite [].
 inline ffi::Error CheckSparseGradStage(const ffi::AnyBuffer& table, const F32Buffer& slot_a,
                                        const F32Buffer& slot_b, const ffi::AnyBuffer& grads,
                                        const ffi::AnyBuffer& ids, const ffi::AnyBuffer& seg,
@@ -280,7 +281,9 @@ inline ffi::Error CheckSparseGradStage(const ffi::AnyBuffer& table, const F32Buf
   if (c.failed()) return c.error();
   const int64_t d = table.dimensions()[1];
   CheckGradOperands(c, grads, ids, seg, scale, per_id, d, "D, the table's width");
-  c.Count("rows", rows, static_cast<int64_t>(ids.element_count()), "[N], one per id")
+  const int64_t n = static_cast<int64_t>(ids.element_count());
+  const int64_t vocab = table.dimensions()[0];
+  c.MinCount("rows", rows, n < vocab ? n : vocab, "[C], C >= min(N, V): a slot per distinct row")
       .Type("rows", rows.element_type(), ids.element_type(), "the dtype of ids");
   CheckStagedRows(c, table, rows, values, staged_a, staged_b, optimizer, d);
   return c.failed() ? c.error() : ffi::Error::Success();

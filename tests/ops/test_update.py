@@ -1,0 +1,81 @@
+"""The staged update (`stage_backward_update` + `commit_update`) against the fused in-place
+one (`lookup_pool_backward_update`), kernels and reference: its staged slots (min(N, V)),
+the verdict, the ordering operands, and the kernel's handling of ids past the table."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from embark_jax import ops
+from embark_jax.ops import _ffi
+from embark_jax.ops import optimizers as O
+from embark_jax.ops.update import kernel_hparams, kernel_slots
+
+V, D, S = 6, 8, 5  # rows, dim, bags: N = 20 ids > V, so the staged slots are V
+
+
+def inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    table = jnp.asarray(rng.normal(size=(V, D)), jnp.float32)
+    ids = rng.integers(-1, V, 20).astype(np.int32)  # duplicates and padding
+    seg = np.sort(rng.integers(0, S, 20)).astype(np.int32)
+    grads = jnp.asarray(rng.normal(size=(S, D)), jnp.float32)
+    return table, jnp.asarray(ids), jnp.asarray(seg), grads
+
+
+@pytest.mark.parametrize("backend", ["ffi", "reference"])
+@pytest.mark.parametrize("opt", [O.SGD(learning_rate=0.1), O.RowWiseAdagrad(learning_rate=0.1)])
+def test_stage_then_commit_is_the_fused_update(backend, opt):
+    table, ids, seg, grads = inputs()
+    state = opt.init(table)
+    want_t, want_s, _ = ops.lookup_pool_backward_update(
+        table, state, grads, ids, seg, optimizer=opt, backend=backend
+    )
+    staged = ops.stage_backward_update(
+        table, state, grads, ids, seg, optimizer=opt, backend=backend
+    )
+    assert staged.rows.shape == (V,) and staged.values.shape == (V, D)
+    distinct = np.unique(np.asarray(ids)[np.asarray(ids) >= 0])
+    np.testing.assert_array_equal(np.asarray(staged.rows)[: len(distinct)], distinct)
+    assert (np.asarray(staged.rows)[len(distinct) :] == -1).all()
+    assert int(staged.num_unique) == len(distinct) and bool(staged.finite)
+    marker = ops.read_marker(grads, table)  # ordering operands: never read
+    got_t, got_s = ops.commit_update(
+        table, state, staged, True, optimizer=opt, after=marker, backend=backend
+    )
+    np.testing.assert_array_equal(np.asarray(got_t), np.asarray(want_t))
+    for a, b in zip(opt.slot_arrays(got_s), opt.slot_arrays(want_s), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    kept_t, kept_s = ops.commit_update(
+        table, state, staged, False, optimizer=opt, after=marker, backend=backend
+    )
+    np.testing.assert_array_equal(np.asarray(kept_t), np.asarray(table))
+    for a, b in zip(opt.slot_arrays(kept_s), opt.slot_arrays(state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_stage_kernel_drops_ids_past_the_table_within_min_n_v_slots():
+    """Called directly (the public wrapper masks them first), ids >= V sort after every row
+    of the table and take no staged slot: min(N, V) slots hold every distinct row."""
+    opt = O.SGD(learning_rate=1.0)
+    table = jnp.zeros((4, 2), jnp.float32)
+    ids = jnp.asarray([3, 9, 0, 7, 3, 1, 2, 8], jnp.int32)  # rows 0..3 and three past V
+    seg = jnp.arange(8, dtype=jnp.int32)
+    grads = jnp.ones((8, 2), jnp.float32)
+    slot_a, slot_b = kernel_slots(opt, opt.init(table))
+    rows, values, _, _, num_unique, finite = _ffi.sparse_grad_stage(
+        table,
+        slot_a,
+        slot_b,
+        grads,
+        ids,
+        seg,
+        jnp.ones((8,), jnp.float32),
+        kernel_hparams(opt, opt.init(table), None, None),
+        opt.kernel_id,
+        False,
+        (0, 0),
+    )
+    np.testing.assert_array_equal(np.asarray(rows), [0, 1, 2, 3])
+    np.testing.assert_array_equal(np.asarray(values)[:, 0], [-1, -1, -1, -2])
+    assert int(num_unique) == 4 and int(finite) == 1
