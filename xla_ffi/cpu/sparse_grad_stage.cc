@@ -12,7 +12,10 @@
 #include <vector>
 
 #include "cpu_grad.h"
+#include "cpu_hugepages.h"
+#include "cpu_isa.h"
 #include "cpu_optim.h"
+#include "cpu_simd.h"
 #include "cpu_sort.h"
 #include "embark_dispatch.h"
 #include "embark_ffi.h"
@@ -38,39 +41,39 @@ struct Stage {
   float* out_b;
 };
 
-// Stages every unique row; returns whether every staged value is finite. out_rows[k] is the
-// k-th unique id, or -1 when it is outside the table (its run is skipped).
+// The per-row loop, once per instruction set (stage_body.inc); floating-point contraction
+// stays off so that every copy rounds exactly as the portable one.
+namespace stage_scalar {
+#include "stage_body.inc"
+}  // namespace stage_scalar
+
+#if EMBARK_HAVE_X86_SIMD
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#pragma GCC optimize("fp-contract=off")
+namespace stage_avx2 {
+#include "stage_body.inc"
+}  // namespace stage_avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx2,fma")
+#pragma GCC optimize("fp-contract=off")
+namespace stage_avx512 {
+#include "stage_body.inc"
+}  // namespace stage_avx512
+#pragma GCC pop_options
+#endif
+
 template <typename T, typename G, typename R>
 bool Run(ffi::ThreadPool& pool, const Stage& p, const T* table, const G* grads, T* values,
          R* out_rows) {
-  const SortedIds& s = *p.s;
-  const std::vector<int64_t>& starts = *p.starts;
-  const int64_t u = static_cast<int64_t>(starts.size()) - 1;
-  const int64_t d = p.d;
-  std::atomic<bool> all_finite{true};
-  ParallelFor(pool, u, 64, [&, table, grads, values, out_rows, d](int64_t k0, int64_t k1) {
-    std::vector<float> acc(d);
-    bool finite = true;
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t r = static_cast<int64_t>(s.keys[starts[k]]);
-      if (r >= p.vocab) {
-        out_rows[k] = static_cast<R>(-1);
-        continue;
-      }
-      if (k + 2 < k1) Prefetch(table + static_cast<int64_t>(s.keys[starts[k + 2]]) * d);
-      AccumulateRun(s, starts, k, grads, d, p.num_src, *p.seg, p.per_id, p.scale, acc.data());
-      const RowIO<T> io{table + r * d,
-                        p.wa ? p.sa + r * p.wa : nullptr,
-                        p.wb ? p.sb + r * p.wb : nullptr,
-                        values + k * d,
-                        p.wa ? p.out_a + k * p.wa : nullptr,
-                        p.wb ? p.out_b + k * p.wb : nullptr};
-      finite &= UpdateRow<true>(p.opt, io, r, acc.data(), d, p.hp);
-      out_rows[k] = static_cast<R>(r);
-    }
-    if (!finite) all_finite.store(false, std::memory_order_relaxed);
-  });
-  return all_finite.load();
+#if EMBARK_HAVE_X86_SIMD
+  const CpuIsa isa = ActiveCpuIsa();
+  if (isa >= CpuIsa::AVX512) return stage_avx512::Run(pool, p, table, grads, values, out_rows);
+  if (isa == CpuIsa::AVX2) return stage_avx2::Run(pool, p, table, grads, values, out_rows);
+#endif
+  return stage_scalar::Run(pool, p, table, grads, values, out_rows);
 }
 
 ffi::Error SparseGradStageImpl(
@@ -88,6 +91,7 @@ ffi::Error SparseGradStageImpl(
   const int64_t n = static_cast<int64_t>(ids.element_count());
   const int64_t d = table.dimensions()[1];
   const int64_t cap = static_cast<int64_t>(rows->element_count());
+  NoteFreshOutput(values->untyped_data(), static_cast<int64_t>(values->size_bytes()));
   SortedIds s = SortValidIds(n, [&ids](int64_t i) { return LoadId(ids, i); });
   std::vector<int64_t> starts = RunStarts(s.keys);
   // Runs of ids past the table sort last; dropping them leaves at most min(N, V) <= C runs.

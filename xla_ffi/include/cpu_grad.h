@@ -12,8 +12,9 @@ namespace embark {
 
 // out[0..d) = sum over the k-th run of sorted ids of scale[i] * grads[src(i)], with
 // src(i) = i when per_id, else segment_ids[i]; sources outside [0, num_src) are skipped.
+// Inlined into its callers so that their per-instruction-set copies vectorise it.
 template <typename G>
-inline void AccumulateRun(const SortedIds& s, const std::vector<int64_t>& starts, int64_t k,
+inline __attribute__((always_inline)) void AccumulateRun(const SortedIds& s, const std::vector<int64_t>& starts, int64_t k,
                           const G* grads, int64_t d, int64_t num_src, const ffi::AnyBuffer& seg,
                           bool per_id, const float* scale, float* out) {
   for (int64_t j = 0; j < d; ++j) out[j] = 0.0f;
@@ -26,9 +27,10 @@ inline void AccumulateRun(const SortedIds& s, const std::vector<int64_t>& starts
       const int64_t nx = per_id ? s.positions[t + 4] : LoadId(seg, s.positions[t + 4]);
       if (nx >= 0 && nx < num_src) Prefetch(grads + nx * d);
     }
-    const G* g = grads + src * d;
+    const G* __restrict g = grads + src * d;
+    float* __restrict o = out;
     const float c = scale[i];
-    for (int64_t j = 0; j < d; ++j) out[j] += c * Elem<G>::Load(g, j);
+    for (int64_t j = 0; j < d; ++j) o[j] += c * Elem<G>::Load(g, j);
   }
 }
 

@@ -12,6 +12,9 @@
 #include "embark_abi.h"
 #include "embark_ffi.h"
 
+// Forces inlining of the per-row math into the kernels' per-instruction-set loops.
+#define EMBARK_OPTIM_INLINE inline __attribute__((always_inline))
+
 namespace embark {
 
 using abi::Optimizer;
@@ -52,59 +55,104 @@ struct RowIO {
   float* b_out;
 };
 
-// Whether a stored element is finite (an update that overflowed bfloat16's range is not).
-inline bool StoredFinite(float v) { return std::isfinite(v); }
-inline bool StoredFinite(uint16_t v) { return (v & 0x7f80u) != 0x7f80u; }
+// Whether every stored element is finite (an update that overflowed bfloat16's range is not):
+// the largest exponent field over the row, an integer max that vectorises.
+inline bool AllStoredFinite(const float* v, int64_t n) {
+  uint32_t top = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t bits;
+    std::memcpy(&bits, v + j, sizeof(bits));
+    const uint32_t e = bits & 0x7f800000u;
+    top = e > top ? e : top;
+  }
+  return top != 0x7f800000u;
+}
+inline bool AllStoredFinite(const uint16_t* v, int64_t n) {
+  uint32_t top = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t e = v[j] & 0x7f80u;
+    top = e > top ? e : top;
+  }
+  return top != 0x7f80u;
+}
+
+// Sum of g[j]^2: 16 partial sums (lane l takes j = l mod 16), added in a fixed order, so the
+// loop vectorises and the result is the same on every instruction set; rows of fewer than
+// 16 elements are summed in order.
+EMBARK_OPTIM_INLINE float SumOfSquares(const float* g, int64_t d) {
+  constexpr int64_t kLanes = 16;
+  if (d < kLanes) {
+    float sq = 0.0f;
+    for (int64_t j = 0; j < d; ++j) sq += g[j] * g[j];
+    return sq;
+  }
+  float part[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= d; j += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) part[l] += g[j + l] * g[j + l];
+  }
+  for (int64_t l = 0; j < d; ++j, ++l) part[l] += g[j] * g[j];
+  for (int64_t w = kLanes / 2; w > 0; w /= 2) {
+    for (int64_t l = 0; l < w; ++l) part[l] += part[l + w];
+  }
+  return part[0];
+}
 
 // Applies one optimizer step to the row `io` (row r of the table: r keys the stochastic
 // rounding) with gradient g[0..d). With kCheck, returns whether every value written is finite
-// (a staged update's verdict); without, true.
+// (a staged update's verdict), checked after the row is written; without, true. Inlined into
+// its callers so that their per-instruction-set copies vectorise it.
 template <bool kCheck, typename T>
-inline bool UpdateRow(Optimizer opt, const RowIO<T>& io, int64_t r, const float* g, int64_t d,
-                      const abi::Hparams& h) {
+EMBARK_OPTIM_INLINE bool UpdateRow(Optimizer opt, const RowIO<T>& io, int64_t r, const float* g,
+                                   int64_t d, const abi::Hparams& h) {
   const float lr = h.lr, eps = h.eps, b1 = h.b1, b2 = h.b2;
   const bool sr = h.stochastic;
   const uint32_t key = sr ? abi::RowKey(h.seed, r) : 0u;
+  // Not restrict: an in-place update reads and writes the same row (element j is read
+  // before it is written, so the compiler's run-time alias check still vectorises).
   T* w = io.w_out;
-  bool finite = true;
-  auto store = [w, sr, key, &finite](int64_t j, float v) {
-    RowStore<T>::Store(w, j, v, sr, key);
-    if (kCheck) finite &= StoredFinite(w[j]);
-  };
+  const T* w_in = io.w;
+  float* a_out = io.a_out;
+  float* b_out = io.b_out;
+  int64_t wa = 0, wb = 0;  // slot floats written
   switch (opt) {
     case Optimizer::SGD:
-      for (int64_t j = 0; j < d; ++j) store(j, Elem<T>::Load(io.w, j) - lr * g[j]);
+      for (int64_t j = 0; j < d; ++j) {
+        RowStore<T>::Store(w, j, Elem<T>::Load(w_in, j) - lr * g[j], sr, key);
+      }
       break;
     case Optimizer::ADAGRAD:
       for (int64_t j = 0; j < d; ++j) {
         const float a = io.a[j] + g[j] * g[j];
-        io.a_out[j] = a;
-        if (kCheck) finite &= std::isfinite(a);
-        store(j, Elem<T>::Load(io.w, j) - lr * g[j] / (std::sqrt(a) + eps));
+        a_out[j] = a;
+        RowStore<T>::Store(w, j, Elem<T>::Load(w_in, j) - lr * g[j] / (std::sqrt(a) + eps), sr,
+                           key);
       }
+      wa = d;
       break;
     case Optimizer::ROW_WISE_ADAGRAD: {
-      float sq = 0.0f;
-      for (int64_t j = 0; j < d; ++j) sq += g[j] * g[j];
-      const float a = io.a[0] + sq / static_cast<float>(d);
-      io.a_out[0] = a;
-      if (kCheck) finite &= std::isfinite(a);
+      const float a = io.a[0] + SumOfSquares(g, d) / static_cast<float>(d);
+      a_out[0] = a;
       const float step = lr / (std::sqrt(a) + eps);
-      for (int64_t j = 0; j < d; ++j) store(j, Elem<T>::Load(io.w, j) - step * g[j]);
+      for (int64_t j = 0; j < d; ++j) {
+        RowStore<T>::Store(w, j, Elem<T>::Load(w_in, j) - step * g[j], sr, key);
+      }
+      wa = 1;
       break;
     }
     case Optimizer::ADAM:
       for (int64_t j = 0; j < d; ++j) {
         const float m = b1 * io.a[j] + (1.0f - b1) * g[j];
         const float v = b2 * io.b[j] + (1.0f - b2) * g[j] * g[j];
-        io.a_out[j] = m;
-        io.b_out[j] = v;
-        if (kCheck) finite &= std::isfinite(m) && std::isfinite(v);
-        store(j, Elem<T>::Load(io.w, j) - lr * m / (std::sqrt(v) + eps));
+        a_out[j] = m;
+        b_out[j] = v;
+        RowStore<T>::Store(w, j, Elem<T>::Load(w_in, j) - lr * m / (std::sqrt(v) + eps), sr, key);
       }
+      wa = wb = d;
       break;
   }
-  return finite;
+  if (!kCheck) return true;
+  return AllStoredFinite(w, d) && AllStoredFinite(a_out, wa) && AllStoredFinite(b_out, wb);
 }
 
 // Row r's slot pointer in a slot operand of optimizer `opt` (slot 0 = a, 1 = b): per-element
