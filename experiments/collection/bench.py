@@ -89,6 +89,10 @@ class Settings:
     tmp_dir: str | None = None  # where the inputs are written (default: the system's)
 
 
+# embark_jax.core.cpu_env's opt-in process tuning, set for `*_tuned` contenders only
+TUNING_SWITCHES = ("EMBARK_CPU_TUNING", "EMBARK_HUGEPAGES", "EMBARK_MALLOC", "EMBARK_CPU_SPIN")
+
+
 class WorkerError(RuntimeError):
     pass
 
@@ -103,6 +107,10 @@ class Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(":")
         env["JAX_PLATFORMS"] = "cpu"
+        for switch in TUNING_SWITCHES:  # the kernels' process tuning: only where named
+            env.pop(switch, None)
+        if contender.endswith("_tuned"):
+            env["EMBARK_CPU_TUNING"] = "on"
         cmd = [sys.executable, "-m", "experiments.collection.worker", "--contender", contender]
         cmd += ["--manifest", manifest, "--index-dtype", index_dtype]
         self.name = contender

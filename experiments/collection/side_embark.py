@@ -3,6 +3,8 @@
 - `embark`: `lookup_fn` + `apply_gradients_fn` in one `jax.jit`, the tables and optimizer
   slots donated (updated in place), the output gradients given; the planner's plan for one
   device (`embark_jax.planner.plan`, the machine's calibration, its whole memory).
+- `embark_tuned`: the `embark` step in a process with the kernels' opt-in tuning
+  (`EMBARK_CPU_TUNING=on`, set by the driver).
 - `embark_rb`: the same step with every table RB on device 0 (on one device DP, RB and UB
   are all local, but they run different code).
 - `embark_collection`: `EmbeddingCollection.lookup` + `apply_gradients` with the planner's
@@ -25,7 +27,7 @@ import numpy as np
 
 from experiments.collection.data import Inputs, embedding_config
 
-KINDS = ("embark", "embark_rb", "embark_collection")
+KINDS = ("embark", "embark_tuned", "embark_rb", "embark_collection")
 
 
 def planner_plan(config, batch: int):

@@ -26,6 +26,8 @@ import numpy as np
 CONTENDERS = {
     "embark": "lookup_fn + apply_gradients_fn in one jax.jit, state donated; the planner's "
     "plan for one device",
+    "embark_tuned": "the embark step with the kernels' opt-in process tuning "
+    "(EMBARK_CPU_TUNING=on: huge pages, glibc malloc thresholds, spinning workers)",
     "embark_rb": "the same step, every table RB on device 0",
     "embark_collection": "EmbeddingCollection.lookup + apply_gradients (the planner's plan)",
     "tbe": "FBGEMM SplitTableBatchedEmbeddingBagsCodegen, all tables in one TBE, CPU, "
@@ -118,20 +120,21 @@ def full() -> list[Workload]:
             "dcnv2-mini",
             tables,
             batch,
-            contenders=("embark", "embark_rb", "embark_collection", "tbe"),
+            contenders=("embark", "embark_tuned", "embark_rb", "embark_collection", "tbe"),
             note="the dcnv2-mini preset's 26 tables",
         ),
         Workload(
             "tables-100",
             generated(100, (1e4, 1e6), (32, 64), (1, 10), seed=100),
             8192,
+            contenders=("embark", "embark_tuned", "tbe"),
             note="100 tables of 1e4..1e6 rows, dims 32/64, hotness 1..10",
         ),
         Workload(
             "one-4m",
             (Table("big", 4_000_000, 128, 32),),
             4096,
-            contenders=("embark", "embark_rb", "tbe"),
+            contenders=("embark", "embark_tuned", "embark_rb", "tbe"),
             note="one 4M x 128 table, hotness 32",
         ),
     ]
@@ -144,7 +147,7 @@ def quick() -> list[Workload]:
             "dcnv2-mini-quick",
             tables,
             batch,
-            contenders=("embark", "embark_rb", "embark_collection", "tbe"),
+            contenders=("embark", "embark_tuned", "embark_rb", "embark_collection", "tbe"),
         ),
         Workload(
             "tables-quick",

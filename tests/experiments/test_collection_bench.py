@@ -132,6 +132,9 @@ def test_quick_run(tmp_path):
     _assert_ran(dcn, set(workloads.CONTENDERS), HAS_FBGEMM)
     _assert_ran(tables, {"embark", "tbe"}, HAS_FBGEMM)
     assert dcn["contenders"]["embark_rb"]["check"]["clusters"] == {"rb": 6}
+    # the process tuning is on for the tuned contender only, whatever the caller's environment
+    build = {k: c["info"]["embark_build"] for k, c in dcn["contenders"].items() if k != "tbe"}
+    assert build["embark_tuned"]["malloc"] != "off" and build["embark"]["malloc"] == "off"
     assert tables["workload"]["pooling"] == "mean"
 
 
