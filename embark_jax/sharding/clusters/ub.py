@@ -1,9 +1,9 @@
 """Unique-based cluster: each device dedups the ids of every table, routes the unique ids to
-their owners (the table's `ShardLayout`, in every column slice), owners dedup again across
-sources and return one vector per unique id; the requester assembles the column slices and
-pools (or, for the `none` combiner, copies) through the inverse index. The backward merges
-duplicate gradients on both sides: the requester's pooling VJP reduces per unique id, the
-owner's fused update merges repeats across sources (`docs/design.md`, "Clusters").
+their owners (the table's `ShardLayout`, in every column slice), owners return one vector per
+received slot; the requester pools (or, for the `none` combiner, copies) straight from the
+received vectors through the inverse index and the send slots. The backward merges duplicate
+gradients on both sides: the requester's pooling VJP reduces per received slot, the owner's
+fused update merges repeats across sources (`docs/design.md`, "Clusters").
 """
 
 from __future__ import annotations
@@ -87,38 +87,54 @@ class UBCluster(ClusterBase):
         return jnp.stack(lost)
 
     def owner(self, buffer, res):
-        rows = res.rows
-        uniq, inv, _, _ = ops.unique(rows, rows.shape[0])  # dedup across sources
-        vecs = ops.lookup_pool(buffer, uniq, None, 0, combiner="none")
-        out = jnp.where((inv >= 0)[:, None], jnp.take(vecs, jnp.maximum(inv, 0), axis=0), 0)
+        # one row per received slot, read straight into the send buffer (an empty slot,
+        # row -1, reads zeros): no deduplicated copy to gather from a second time
+        out = ops.lookup_pool(buffer, res.rows, None, 0, combiner="none")
         return self.options.to_wire(out).reshape(self.num_devices, self.capacity, self.width)
 
     def combine(self, owner_out, res):
         recv = routing.exchange(owner_out, self.axis_names).reshape(-1, self.width)
         recv = recv.astype(jnp.float32)
-        slot = res.slot
-        got = jnp.where((slot >= 0)[:, None], jnp.take(recv, jnp.maximum(slot, 0), axis=0), 0)
         out, start = {}, 0
         for t in self.table_names:
-            cap_u = self.unique_capacity[t]
-            c = self.layouts[t].column_shards
-            emb = got[start : start + c * cap_u].reshape(c, cap_u, self.width)
-            emb = jnp.transpose(emb, (1, 0, 2)).reshape(cap_u, c * self.width)
+            cap_u, c = self.unique_capacity[t], self.layouts[t].column_shards
+            slots = res.slot[start : start + c * cap_u].reshape(c, cap_u)
             start += c * cap_u
             for f in self.features:
-                if f.table != t:
-                    continue
-                y = ops.lookup_pool(
-                    emb,
-                    res.inv[f.name],
-                    res.seg[f.name],
-                    self.b,
-                    res.w[f.name],
-                    f.combiner,
-                    indices_are_sorted=True,
-                )
-                out[f.name] = y.reshape(self.output_shape(f))
+                if f.table == t:
+                    out[f.name] = self._pool(recv, slots, res, f).reshape(self.output_shape(f))
         return out
+
+    def _pool(self, recv, slots, res, f):
+        """A feature's output read straight from the received vectors: column slice k of an
+        id's vector is row `slots[k, inv]` of `recv` (none: the id found no dedup slot, or
+        that slice was dropped from its bucket, and reads zeros). A mean or sqrtn bag is
+        divided by the weights of its ids that found a dedup slot, as if each had read its
+        whole vector. No per-slot or per-id copy of the vectors is made, forward or
+        backward (the pooling's VJP scatters straight into `recv`'s gradient)."""
+        inv, seg, w = res.inv[f.name], res.seg[f.name], res.w[f.name]
+        found = inv >= 0
+        divided = f.combiner in (Combiner.MEAN, Combiner.SQRTN)
+        combiner = Combiner.SUM if divided else f.combiner
+        parts = [
+            ops.lookup_pool(
+                recv,
+                jnp.where(found, jnp.take(slots[k], jnp.maximum(inv, 0)), -1),
+                seg,
+                self.b,
+                w,
+                combiner,
+                indices_are_sorted=True,
+            )
+            for k in range(slots.shape[0])
+        ]
+        y = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+        if divided:
+            ids = jnp.where(found, 0, -1)
+            y = self.apply_denominator(
+                y, ops.reference.pool_denominator(ids, seg, self.b, w, f.combiner)
+            )
+        return y
 
     def stage(self, buffer, state, res, g_owner, optimizer, step, seed=None):
         g = g_owner.reshape(-1, self.width)
