@@ -41,6 +41,7 @@ __all__ = [
     "rb_shard_cost",
     "seconds",
     "slot_floats_per_row",
+    "staged_memory",
     "table_memory",
     "ub_bucket",
     "ub_requester_cost",
@@ -92,6 +93,13 @@ def update_bytes(rows: float, width: int, e: int, slots: tuple[int, int]) -> flo
 
 def table_memory(rows: float, width: int, e: int, slots: tuple[int, int]) -> float:
     return rows * (width * e + 4 * slot_floats_per_row(slots, width))
+
+
+def staged_memory(ids: float, rows: float, width: int, e: int, slots: tuple[int, int]) -> float:
+    """The staged in-place update of a shard (or stacked group) of `rows` rows that `ids`
+    id slots reach: min(ids, rows) slots of a row index, the new row and its new optimizer
+    slots, live until the step's commit verdict (`ops.stage_backward_update`)."""
+    return min(ids, rows) * (ID_BYTES + width * e + 4 * slot_floats_per_row(slots, width))
 
 
 def id_slots(t: PlannerTable) -> int:
@@ -162,7 +170,11 @@ def rb_shard_cost(
     else:
         v_intra, v_inter = a2a_split(vec, hw)
     rows = math.ceil(t.vocab_size / r)
-    mem = table_memory(rows, w, e, slots) + g * cap * (2 * ID_BYTES + w * e)  # + receive buffers
+    mem = (
+        table_memory(rows, w, e, slots)
+        + g * cap * (2 * ID_BYTES + w * e)  # receive buffers
+        + staged_memory(g * cap, rows, w, e, slots)
+    )
     return Cost(compute, i_intra + v_intra, i_inter + v_inter, mem)
 
 
@@ -188,7 +200,11 @@ def ub_shard_cost(
     compute = 2 * m * w * e + m * w * 4 + update_bytes(touched, w, e, slots)
     intra, inter = a2a_split(cap * (ID_BYTES + 2 * w * e), hw)
     rows = math.ceil(t.vocab_size / r)
-    mem = table_memory(rows, w, e, slots) + m * (ID_BYTES + w * e)  # + receive buffers
+    mem = (
+        table_memory(rows, w, e, slots)
+        + m * (ID_BYTES + w * e)  # receive buffers
+        + staged_memory(m, rows, w, e, slots)
+    )
     return Cost(compute, intra, inter, mem)
 
 
@@ -222,6 +238,7 @@ def dp_cost(t: PlannerTable, batch: int, hw: HardwareTopology, slots: tuple[int,
     if dp_dense_gradients(t, batch, hw):
         compute += 2 * t.vocab_size * d * 4  # the dense gradient, written and read
         intra, inter = allreduce_split(t.vocab_size * (d * 4 + 4), hw)
+        staged_ids = t.vocab_size
     else:
         b_int = batch // g
         per_dev = dp_exchange.sparse_bytes_per_device(
@@ -229,7 +246,11 @@ def dp_cost(t: PlannerTable, batch: int, hw: HardwareTopology, slots: tuple[int,
         )
         compute += g * per_dev  # every device's id slots and gradients, read by the kernel
         intra, inter = a2a_split(per_dev, hw)
-    return Cost(compute, intra, inter, table_memory(t.vocab_size, d, e, slots))
+        staged_ids = g * b_int * id_slots(t)
+    mem = table_memory(t.vocab_size, d, e, slots) + staged_memory(
+        staged_ids, t.vocab_size, d, e, slots
+    )
+    return Cost(compute, intra, inter, mem)
 
 
 def rb_requester_cost(t: PlannerTable, r: int, batch: int, hw: HardwareTopology) -> Cost:

@@ -31,10 +31,10 @@ from embark_jax.planner import cost as C
 from embark_jax.planner.hardware import HardwareTopology
 from embark_jax.planner.model import ModelSpec
 
-__all__ = ["plan_traffic"]
+__all__ = ["groups", "plan_traffic", "routed_bucket", "slots_per_device"]
 
 
-def _groups(model: ModelSpec, plan: Plan) -> dict[tuple, list]:
+def groups(model: ModelSpec, plan: Plan) -> dict[tuple, list]:
     """(cluster, width, dtype bytes) -> [(planner table, table plan)], as lowering stacks."""
     tables = {t.name: t for t in model.tables}
     out: dict[tuple, list] = defaultdict(list)
@@ -44,7 +44,7 @@ def _groups(model: ModelSpec, plan: Plan) -> dict[tuple, list]:
     return out
 
 
-def _routed_bucket(members, batch: int, hw: HardwareTopology) -> int:
+def routed_bucket(members, batch: int, hw: HardwareTopology) -> int:
     """The group's bucket: the most slots any device's shards take per source."""
     per_dev = [0] * hw.num_devices
     for t, tp in members:
@@ -61,18 +61,24 @@ def _routed_bucket(members, batch: int, hw: HardwareTopology) -> int:
 def _rb_vectors(members, b: int, w: int, e: int, hw: HardwareTopology, hierarchical: bool):
     """(intra, inter) bytes of an RB group's partial vectors and their gradients."""
     g, local, n = hw.num_devices, hw.devices_per_node, hw.num_nodes
-    per_dev = [0] * g
     per_node: list[set] = [set() for _ in range(n)]
     for _, tp in members:
         for k, _, dev in tp.shard_devices():
-            per_dev[dev] += 1
             per_node[dev // local].add((tp.name, k))
     vec = 2 * b * w * e  # forward partials + backward gradients, per slot and peer
     if hierarchical and n > 1:
         s_node = max(1, max(len(s) for s in per_node))
         return vec * s_node * n * (local - 1), vec * s_node * (n - 1)
-    s = max(1, max(per_dev))
-    return C.a2a_split(vec * s, hw)
+    return C.a2a_split(vec * slots_per_device(members, g), hw)
+
+
+def slots_per_device(members, num_devices: int) -> int:
+    """S of an RB group: the most (feature, column slice) slots one device serves."""
+    per_dev = [0] * num_devices
+    for _, tp in members:
+        for _, _, dev in tp.shard_devices():
+            per_dev[dev] += 1
+    return max(1, max(per_dev))
 
 
 def _dp(members, b: int, w: int, hw: HardwareTopology) -> tuple[float, float]:
@@ -94,13 +100,13 @@ def plan_traffic(
     g = hw.num_devices
     b = plan.batch_size // g
     intra = inter = 0.0
-    for (cluster, w, e), members in sorted(_groups(model, plan).items(), key=str):
+    for (cluster, w, e), members in sorted(groups(model, plan).items(), key=str):
         if cluster is Cluster.DP:
             x = _dp(members, b, w, hw)
         elif cluster is Cluster.UB:
-            x = C.a2a_split(_routed_bucket(members, plan.batch_size, hw) * (4 + 2 * w * e), hw)
+            x = C.a2a_split(routed_bucket(members, plan.batch_size, hw) * (4 + 2 * w * e), hw)
         else:
-            ids = C.a2a_split(_routed_bucket(members, plan.batch_size, hw) * 2 * 4, hw)
+            ids = C.a2a_split(routed_bucket(members, plan.batch_size, hw) * 2 * 4, hw)
             vec = _rb_vectors(members, b, w, e, hw, hierarchical)
             x = (ids[0] + vec[0], ids[1] + vec[1])
         intra, inter = intra + x[0], inter + x[1]

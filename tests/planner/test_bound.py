@@ -17,6 +17,7 @@ from embark_jax.core.specs import Combiner
 from embark_jax.planner import (
     PRESETS,
     ModelSpec,
+    PlannerError,
     PlannerTable,
     baseline,
     evaluate,
@@ -303,7 +304,11 @@ def test_every_plan_reports_its_bound_and_gap():
 
 # --- the search closes the gap on the paper's setups -----------------------------------------
 
-PAPER = [(m, n) for m in ("dcnv2", "t180", "t200", "t510") for n in (1, 8, 16)]
+# T510 on one node does not fit: its float32 tables fill 57 GB of each GPU's 72 GB cap, and
+# the staged in-place update of its hot shards needs more (test_t510_on_one_node_does_not_fit)
+PAPER = [
+    (m, n) for m in ("dcnv2", "t180", "t200", "t510") for n in (1, 8, 16) if (m, n) != ("t510", 1)
+]
 
 
 @pytest.mark.slow
@@ -318,17 +323,27 @@ def test_paper_setups_within_1_2x_of_the_bound():
     assert sum(ratios) / len(ratios) <= 1.1
 
 
+def test_t510_on_one_node_does_not_fit():
+    """The staged update's rows count against the cap: the planner refuses the plan (naming
+    the table and the shortfall) instead of a step that runs out of memory."""
+    model = load_preset("t510")
+    with pytest.raises(PlannerError, match=r"does not fit: needs .* GB on a device"):
+        plan(model, default_batch(model, 1, 8), get_hardware("dgx-h100", 1, 8))
+
+
 # --- the search on its own -------------------------------------------------------------------
 
 # predicted speedup of the search's own plan (no baseline fallback) over each baseline that
 # fits, from the cost model: pinned so that a search that got worse fails (re-pinned when
 # the model priced padded buckets and link bytes without the own slice: 2-9% lower; and when
-# DP tables exchanged pooled gradients instead of per-id ones: up to 14% higher)
+# DP tables exchanged pooled gradients instead of per-id ones: up to 14% higher; T180 moved
+# from one node to eight when the staged update counted against the cap and no baseline of
+# T180 fit on one node any more)
 SEARCH_WINS = {
     ("dcnv2", 1): {"tw": 1.6805, "rw": 2.1823, "trw": 2.1823},
     ("dcnv2", 8): {"tw": 4.9310, "rw": 8.5459, "trw": 1.7935},
     ("dcnv2", 16): {"tw": 6.9394, "rw": 12.1130, "trw": 1.9595},
-    ("t180", 1): {"rw": 1.7445, "trw": 1.7445},
+    ("t180", 8): {"tw": 1.4567, "rw": 6.2087, "trw": 1.4496},
 }
 
 

@@ -130,11 +130,12 @@ def test_table_seconds_by_hand():
 
 
 def test_choose_clusters_dp_budget_by_hand():
-    """Three tiny tables; a DP replica takes 10 x 16 x 4 = 640 bytes and the DP budget is
-    5% of 20 kB = 1000 bytes: only the first table by name ('a') is replicated."""
+    """Three tiny tables; a DP replica takes 10 x 16 x 4 = 640 bytes and its staged update
+    min(4 devices x 16 ids, 10 rows) x (4 + 64) = 680 bytes, and the DP budget is 5% of
+    40 kB = 2000 bytes: only the first table by name ('a') is replicated."""
     m = model(table("b", vocab=10), table("a", vocab=10), table("s", 10, combiner=Combiner.NONE))
-    p = problem(m, memory_bytes=20_000.0)
-    assert shard_cost(p, m.table("a"), DP).memory == 640
+    p = problem(m, memory_bytes=40_000.0)
+    assert shard_cost(p, m.table("a"), DP).memory == 640 + 680
     options, decisions = choose_clusters(p)
     assert [d.table for d in decisions] == ["a", "b", "s"]
     assert options["a"] == DP and options["b"].cluster is not Cluster.DP
@@ -148,12 +149,13 @@ def test_choose_clusters_dp_budget_by_hand():
 def test_presplit_rows_by_hand():
     """One RB shard of a 1000 x 16 fp32 table holds ceil(1000 / r) rows of 64 bytes plus
     receive buffers of (8 + 64) bytes per slot: 4 sources x the padded bucket of 16 slots
-    (16, 16, 13 for r = 1, 2, 4): 68608, 36608, 19744 bytes. With a cap of 80 kB (a
-    quarter: 20 kB) the table starts with 4 row shards."""
+    (16, 16, 13 for r = 1, 2, 4), and its staged update, (4 + 64) bytes for each of the
+    64, 64, 52 received ids: 72960, 40960, 23280 bytes. With a cap of 96 kB (a quarter:
+    24 kB) the table starts with 4 row shards."""
     t = table("t")
-    p = problem(model(t, table("d", vocab=10)), cap=80_000.0)
+    p = problem(model(t, table("d", vocab=10)), cap=96_000.0)
     mem = [shard_cost(p, t, Option(Cluster.RB, r)).memory for r in (1, 2, 4)]
-    assert mem == [68608, 36608, 19744]
+    assert mem == [72960, 40960, 23280]
     out = presplit_rows(p, {"t": RB, "d": DP})
     assert out == {"t": Option(Cluster.RB, 4), "d": DP}
     # never more row shards than devices
@@ -191,7 +193,7 @@ def test_place_keeps_rb_row_shards_in_one_node():
 
 def test_place_errors_name_the_table():
     t = table("t")
-    need = 68608.0  # see test_presplit_rows_by_hand
+    need = 72960.0  # see test_presplit_rows_by_hand
     p = problem(model(t), cap=need - 1)
     with pytest.raises(PlannerError) as e:
         place(p, {"t": RB})

@@ -12,21 +12,17 @@ shards filling whole nodes.
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
 import pytest
-from flax import nnx
 
 from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.plan import Plan, TablePlan, Topology
 from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
-from embark_jax.data.synthetic import SyntheticDataset
 from embark_jax.ops.optimizers import SGD
 from embark_jax.planner import evaluate, get_hardware, load_preset, plan
 from embark_jax.planner.model import ModelSpec
 from embark_jax.planner.traffic import plan_traffic
-from embark_jax.sharding.collection import EmbeddingCollection, apply_gradients_fn, lookup_fn
 from embark_jax.sharding.hlo_bytes import wire_bytes
+from tests.embedding_step import compile_embedding_step
 
 B, D, H = 64, 16, 4  # global batch, dim, hotness: tiny, to compile fast
 TOL = 0.10
@@ -37,28 +33,8 @@ MESHES = {
 
 
 def compiled_step(config: EmbeddingConfig, plan_: Plan, options: RuntimeOptions) -> str:
-    """HLO text of one lookup + backward/update (the output gradients are a traced
-    multiple of the outputs, so XLA cannot fold the backward collectives away)."""
-    coll = EmbeddingCollection(
-        config,
-        plan_,
-        plan_.make_mesh(),
-        rngs=nnx.Rngs(0),
-        optimizer=SGD(learning_rate=0.1),
-        options=options,
-    )
-    lw, mesh, opts = coll.lowered, coll.mesh, coll.optimizers
-
-    def step(bufs, states, batch, scale):
-        out, res, overflow = lookup_fn(lw, mesh, options, bufs, batch)
-        grads = jax.tree.map(lambda y: y * scale, out)
-        return apply_gradients_fn(
-            lw, mesh, options, bufs, states, res, grads, opts, batch
-        ), overflow
-
-    batch = coll.shard_batch(SyntheticDataset(config, batch_size=B, seed=0).batch(0).sparse)
-    args = (coll.buffer_values(), coll.state_values(), batch, jnp.float32(1.0))
-    return jax.jit(step).lower(*args).compile().as_text()
+    """HLO text of one lookup + backward/update (`tests.embedding_step`)."""
+    return compile_embedding_step(config, plan_, options, SGD(learning_rate=0.1), B).as_text()
 
 
 def measured(config, plan_, options=None) -> dict[str, float]:
