@@ -16,7 +16,9 @@ time limit keeps the phases it finished):
 
 1. plan: the planner's plan and its prediction, priced with the dense net that runs (as
    `experiments/training/main.py` does): step, embedding and dense time, and the predicted
-   per-device memory (tables, slots and routing buffers).
+   per-device memory (`planner.memory.plan_memory`: the stacked tables and slots, the batch,
+   the staged updates and the exchange buffers; plus the dense parameters and their Adam
+   moments).
 2. compile: lowering and compile seconds; `memory_analysis()` of the compiled step
    (arguments + outputs - aliased + temporaries = its peak estimate per device); the
    optimized HLO scanned for every op that produces a whole table or slot other than
@@ -33,7 +35,8 @@ time limit keeps the phases it finished):
 
 JSON (schema "embark_jax.gpu_step/1"): schema, backend, devices, device_kind, jax, model,
 batch, optimizer, phases (done, in order), plan {name, clusters, tables}, predicted
-{step_ms, embedding_ms, dense_ms, embedding_share, device_memory_bytes (max over devices)},
+{step_ms, embedding_ms, dense_ms, embedding_share, device_memory_bytes (per device),
+step_memory {state, batch, staged, exchange, backward, total}},
 compile {lower_s, compile_s}, memory_analysis {argument, output, alias, temp, peak_estimate}
 (bytes per device), hlo {buffers, count, copies, copied_buffers, ops: [...]}, step {first_s,
 times_s, median_s, min_s, samples_per_s}, memory {device: {peak_bytes_in_use, bytes_in_use,
@@ -195,6 +198,7 @@ def measure(
 
     from embark_jax.data.synthetic import SyntheticDataset
     from embark_jax.planner import evaluate, get_hardware, plan
+    from embark_jax.planner.memory import plan_memory
     from embark_jax.training.models import DenseConfig
 
     t_start = time.perf_counter()
@@ -243,7 +247,10 @@ def measure(
         spec, dense_params=params, dense_flops_per_sample=2.0 * params
     )  # what runs: the mini dense net, one multiply-add per parameter per sample
     pred = evaluate(priced, ev.plan, hw)
-    predicted_mem = float(max(pred.device_memory))
+    step_mem = plan_memory(priced, ev.plan, hw)
+    # the embedding step as the runtime lays it out, plus the dense net's parameters and
+    # its Adam moments (its activations are not modelled)
+    predicted_mem = step_mem.total + 3 * 4 * params
     result["plan"] = {
         "name": ev.name,
         "clusters": {
@@ -257,6 +264,7 @@ def measure(
         "dense_ms": pred.dense_s * 1e3,
         "embedding_share": pred.embedding_s / pred.step_s if pred.step_s else None,
         "device_memory_bytes": predicted_mem,
+        "step_memory": {**dataclasses.asdict(step_mem), "total": step_mem.total},
     }
     say(
         f"{args.model} batch {batch} on {g} {backend} device(s): plan {result['plan']['clusters']}"

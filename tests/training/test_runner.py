@@ -261,3 +261,27 @@ def test_checkpoint_from_one_process_restores_on_two(tmp_path):
     assert "resumed from" in r.stdout and "saved with 8 devices" in r.stdout
     assert ckpt.latest_step(str(d)) == 3  # and the 2-process run saved its own checkpoint
     assert json.loads((tmp_path / "m.json").read_text())["processes"] == 2
+
+
+def test_comm_bytes_per_step_reuses_the_compiled_step():
+    """The collective bytes are read from the executable the steps ran: asking compiles
+    nothing (a second compile of a large step costs as long as the first)."""
+    from jax._src import monitoring
+    from jax._src.dispatch import BACKEND_COMPILE_EVENT
+
+    runner, state = make()
+    batch = SyntheticDataset(CFG, batch_size=32, seed=0).batch(0)
+    state, _ = runner.step(state, batch)
+    runner.sync()
+    compiles = []
+
+    def listen(event, duration, **_):
+        if event == BACKEND_COMPILE_EVENT:
+            compiles.append(duration)
+
+    monitoring.register_event_duration_secs_listener(listen)
+    try:
+        comm = runner.comm_bytes_per_step(state, batch)
+    finally:
+        monitoring.unregister_event_duration_listener(listen)
+    assert comm["total"] > 0 and compiles == []
