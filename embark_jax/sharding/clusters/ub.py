@@ -110,8 +110,8 @@ class UBCluster(ClusterBase):
         id's vector is row `slots[k, inv]` of `recv` (none: the id found no dedup slot, or
         that slice was dropped from its bucket, and reads zeros). A mean or sqrtn bag is
         divided by the weights of its ids that found a dedup slot, as if each had read its
-        whole vector. No per-slot or per-id copy of the vectors is made, forward or
-        backward (the pooling's VJP scatters straight into `recv`'s gradient)."""
+        whole vector. No per-slot or per-id copy of the vectors is made; the pooling's VJP
+        scatters each id's output gradient straight into `recv`'s gradient."""
         inv, seg, w = res.inv[f.name], res.seg[f.name], res.w[f.name]
         found = inv >= 0
         divided = f.combiner in (Combiner.MEAN, Combiner.SQRTN)
