@@ -17,8 +17,8 @@ time limit keeps the phases it finished):
 1. plan: the planner's plan and its prediction, priced with the dense net that runs (as
    `experiments/training/main.py` does): step, embedding and dense time, and the predicted
    per-device memory (`planner.memory.plan_memory`: the stacked tables and slots, the batch,
-   the staged updates and the exchange buffers; plus the dense parameters and their Adam
-   moments).
+   the staged updates and the exchange buffers; plus the dense parameters, their Adam
+   moments and three parameter-sized temporaries: gradient, all-reduced gradient, update).
 2. compile: lowering and compile seconds; `memory_analysis()` of the compiled step
    (arguments + outputs - aliased + temporaries = its peak estimate per device); the
    optimized HLO scanned for every op that produces a whole table or slot other than
@@ -248,9 +248,10 @@ def measure(
     )  # what runs: the mini dense net, one multiply-add per parameter per sample
     pred = evaluate(priced, ev.plan, hw)
     step_mem = plan_memory(priced, ev.plan, hw)
-    # the embedding step as the runtime lays it out, plus the dense net's parameters and
-    # its Adam moments (its activations are not modelled)
-    predicted_mem = step_mem.total + 3 * 4 * params
+    # the embedding step as the runtime lays it out, plus the dense net: its parameters and
+    # Adam moments, and three parameter-sized temporaries (the gradient, its all-reduced copy,
+    # the update); its activations are not modelled
+    predicted_mem = step_mem.total + (3 + 3) * 4 * params
     result["plan"] = {
         "name": ev.name,
         "clusters": {

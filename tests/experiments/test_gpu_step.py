@@ -50,6 +50,14 @@ def test_step_measurement_end_to_end(tmp_path):
     assert mem["estimate_vs_predicted"] == pytest.approx(
         ma["peak_estimate"] / pred["device_memory_bytes"]
     )
+    # the planner's memory model plus the dense net's state and temporaries: the compiled step
+    assert abs(mem["estimate_vs_predicted"] - 1) <= 0.10
+    parts = pred["step_memory"]
+    assert parts["total"] == pytest.approx(
+        parts["state"]
+        + parts["batch"]
+        + max(parts["staged"] + parts["exchange"], parts["backward"])
+    )
     hlo = data["hlo"]
     assert hlo["buffers"] >= 2 and hlo["count"] >= hlo["copies"] == sum(
         f["copy"] for f in hlo["ops"]
