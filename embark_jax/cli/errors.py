@@ -13,10 +13,13 @@ import sys
 import tempfile
 from collections.abc import Callable
 
+from embark_jax.core.plan import MAX_BATCH_SIZE
+
 __all__ = [
     "INTERRUPTED",
     "CLIError",
     "OneLineParser",
+    "batch_size",
     "check_writable_dir",
     "check_writable_file",
     "guarded",
@@ -96,6 +99,14 @@ def positive_int(text: str) -> int:
     value = _int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def batch_size(text: str) -> int:
+    """A global batch: >= 1 and at most `core.plan.MAX_BATCH_SIZE` (int32 ids index it)."""
+    value = positive_int(text)
+    if value > MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_BATCH_SIZE}, got {value}")
     return value
 
 

@@ -8,6 +8,7 @@ import time
 
 from embark_jax.cli.errors import (
     CLIError,
+    batch_size,
     check_writable_file,
     make_parent,
     model_name,
@@ -36,7 +37,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices-per-node", type=positive_int, default=8, help="devices per node")
     p.add_argument(
         "--batch-size",
-        type=positive_int,
+        type=batch_size,
         default=None,
         help="global batch, a multiple of the devices (default: the paper's MLPerf batch "
         "for the cluster size)",

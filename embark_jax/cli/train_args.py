@@ -7,6 +7,7 @@ import argparse
 import os
 
 from embark_jax.cli.errors import (
+    batch_size,
     model_name,
     models_help,
     nonneg_int,
@@ -56,7 +57,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=positive_int, default=200, help="training steps")
     p.add_argument(
         "--batch-size",
-        type=positive_int,
+        type=batch_size,
         default=None,
         help="global batch, a multiple of the devices (default: the --plan file's batch, "
         f"else {DEFAULT_BATCH})",

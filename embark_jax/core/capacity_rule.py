@@ -14,6 +14,9 @@ __all__ = ["TAIL_PROBABILITY", "binomial_capacity", "bucket_slots"]
 
 # Default sizing: P(requests from one source to one shard > its slots) below this.
 TAIL_PROBABILITY = 1e-6
+# Above this many requests the binomial tail is taken from its normal approximation (the
+# exact sum needs O(n) memory; at these counts the two differ by a slot or so).
+EXACT_MAX = 1 << 22
 
 
 @functools.lru_cache(maxsize=1024)
@@ -29,6 +32,8 @@ def binomial_capacity(n: int, row_shards: int, tail: float = TAIL_PROBABILITY) -
     if row_shards <= 1:
         return n
     p = 1.0 / row_shards
+    if n > EXACT_MAX:
+        return _normal_capacity(n, p, tail)
     k = np.arange(n + 1, dtype=np.float64)
     log_fact = np.concatenate([[0.0], np.cumsum(np.log(k[1:]))])  # log(k!)
     log_pmf = log_fact[n] - log_fact - log_fact[::-1] + k * math.log(p) + (n - k) * math.log1p(-p)
@@ -61,3 +66,19 @@ def bucket_slots(
     if most is not None:
         cap = min(cap, most)
     return max(1, min(worst, cap))
+
+
+def _normal_capacity(n: int, p: float, tail: float) -> int:
+    """`binomial_capacity` for large n: the normal quantile z of `tail` (by bisection on
+    erfc), corrected for the binomial's skew (Cornish-Fisher), in standard deviations above
+    the mean, rounded up, at most n."""
+    lo, hi = 0.0, 40.0
+    for _ in range(100):
+        z = (lo + hi) / 2
+        if 0.5 * math.erfc(z / math.sqrt(2.0)) > tail:
+            lo = z
+        else:
+            hi = z
+    sd = math.sqrt(n * p * (1.0 - p))
+    z = hi + (hi * hi - 1.0) * (1.0 - 2.0 * p) / (6.0 * sd)
+    return min(n, math.ceil(n * p + z * sd))

@@ -37,9 +37,10 @@ from embark_jax.core.choice import Choice
 from embark_jax.core.names import name_mismatch
 from embark_jax.core.specs import Combiner, EmbeddingConfig
 
-__all__ = ["FORMAT", "Cluster", "Plan", "PlanError", "TablePlan", "Topology"]
+__all__ = ["FORMAT", "MAX_BATCH_SIZE", "Cluster", "Plan", "PlanError", "TablePlan", "Topology"]
 
 FORMAT = "embark-plan/1"
+MAX_BATCH_SIZE = 2**31 - 1  # samples of a global batch: int32 ids and bags index it
 
 
 class PlanError(ValueError):
@@ -93,7 +94,10 @@ class TablePlan:
         where = f"table {self.name!r}"
         if not isinstance(self.name, str) or not self.name:
             raise PlanError(f"table name must be a non-empty string, got {self.name!r}")
-        object.__setattr__(self, "cluster", Cluster.parse(self.cluster))
+        try:
+            object.__setattr__(self, "cluster", Cluster.parse(self.cluster))
+        except PlanError as e:
+            raise PlanError(f"{where}: {e}") from None
         for field in ("row_shards", "column_shards"):
             object.__setattr__(self, field, _as_int(getattr(self, field), f"{where}: {field}"))
         object.__setattr__(self, "devices", _as_devices(self.devices, where))
@@ -144,6 +148,11 @@ class Plan:
         if self.batch_size < 1 or self.batch_size % g:
             raise PlanError(
                 f"batch_size {self.batch_size} must be a positive multiple of the {g} devices"
+            )
+        if self.batch_size > MAX_BATCH_SIZE:
+            raise PlanError(
+                f"batch_size {self.batch_size} is above {MAX_BATCH_SIZE} (int32 ids and bags "
+                f"index a batch)"
             )
         seen: set[str] = set()
         for t in self.tables:
@@ -306,8 +315,9 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _validate_table(t: TablePlan, num_devices: int) -> None:
     name = t.name
-    if t.row_shards < 1 or t.column_shards < 1:
-        raise PlanError(f"table {name!r}: row_shards and column_shards must be >= 1")
+    for field in ("row_shards", "column_shards"):
+        if getattr(t, field) < 1:
+            raise PlanError(f"table {name!r}: {field} must be >= 1, got {getattr(t, field)}")
     if t.cluster is Cluster.DP:
         want = tuple(range(num_devices))
         if t.row_shards != 1 or t.column_shards != 1 or t.devices != (want,):

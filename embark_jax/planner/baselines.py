@@ -15,7 +15,7 @@ from embark_jax.planner.explain import baseline_reasons
 from embark_jax.planner.hardware import HardwareTopology
 from embark_jax.planner.model import ModelSpec, PlannerTable
 from embark_jax.planner.place import Placement, place
-from embark_jax.planner.types import Evaluation, Option, PlannerError, Problem
+from embark_jax.planner.types import Evaluation, Option, PlannerError, Problem, check_plan
 
 __all__ = ["BASELINES", "baseline", "best_of_baselines", "evaluate"]
 
@@ -82,7 +82,9 @@ def best_of_baselines(
 
 def evaluate(model: ModelSpec, plan_: Plan, hw: HardwareTopology) -> Evaluation:
     """Prices an existing plan (e.g. from a JSON file), without a memory cap (and with the
-    lower bound without one)."""
+    lower bound without one). `ValueError` if the plan is not for `hw`'s devices or
+    `model`'s tables."""
+    check_plan(model, plan_, hw)
     options = {
         t.name: Option(
             t.cluster, t.row_shards, t.column_shards, t.capacity_factor, t.unique_capacity

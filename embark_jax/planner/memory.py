@@ -32,6 +32,7 @@ from embark_jax.planner import cost as C
 from embark_jax.planner.hardware import HardwareTopology
 from embark_jax.planner.model import ModelSpec
 from embark_jax.planner.traffic import groups, routed_bucket, slots_per_device
+from embark_jax.planner.types import check_plan
 
 __all__ = ["StepMemory", "plan_memory"]
 
@@ -97,7 +98,9 @@ def _rb_partials(grp: _Group, plan: Plan, hw: HardwareTopology) -> float:
 
 def plan_memory(model: ModelSpec, plan: Plan, hw: HardwareTopology) -> StepMemory:
     """Per-device bytes of the plan's compiled embedding step (lookup, backward and the
-    staged in-place update of every group); see the module doc."""
+    staged in-place update of every group); see the module doc. `ValueError` if the plan
+    is not for `hw`'s devices or `model`'s tables."""
+    check_plan(model, plan, hw)
     g = hw.num_devices
     b = plan.batch_size // g
     state = staged = exchange = ub_backward = rb_backward = 0.0

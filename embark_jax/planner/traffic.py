@@ -30,6 +30,7 @@ from embark_jax.core.plan import Cluster, Plan
 from embark_jax.planner import cost as C
 from embark_jax.planner.hardware import HardwareTopology
 from embark_jax.planner.model import ModelSpec
+from embark_jax.planner.types import check_plan
 
 __all__ = ["groups", "plan_traffic", "routed_bucket", "slots_per_device"]
 
@@ -96,7 +97,9 @@ def plan_traffic(
     model: ModelSpec, plan: Plan, hw: HardwareTopology, hierarchical: bool = True
 ) -> tuple[float, float]:
     """(intra-node, inter-node) bytes every device moves per step (forward + backward) for
-    the plan's embeddings; see the module doc. `hierarchical`: the runtime's option."""
+    the plan's embeddings; see the module doc. `hierarchical`: the runtime's option.
+    `ValueError` if the plan is not for `hw`'s devices or `model`'s tables."""
+    check_plan(model, plan, hw)
     g = hw.num_devices
     b = plan.batch_size // g
     intra = inter = 0.0

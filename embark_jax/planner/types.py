@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from embark_jax.core.names import name_mismatch
 from embark_jax.core.plan import Cluster, Plan
 from embark_jax.planner.hardware import HardwareTopology
 from embark_jax.planner.model import ModelSpec, PlannerTable
@@ -34,6 +35,7 @@ __all__ = [
     "RowSplit",
     "TableBound",
     "Trace",
+    "check_plan",
 ]
 
 
@@ -85,6 +87,30 @@ class Cost:
     intra: float = 0.0  # bytes over intra-node links
     inter: float = 0.0  # bytes over inter-node links
     memory: float = 0.0  # resident bytes (table + optimizer slots + routing buffers)
+
+
+def check_plan(model: ModelSpec, plan: Plan, hw: HardwareTopology) -> None:
+    """A given plan must be for these devices and this model's tables (`ValueError`, one
+    line naming the mismatch), before anything prices it."""
+    t = plan.topology
+    if (t.num_nodes, t.devices_per_node) != (hw.num_nodes, hw.devices_per_node):
+        raise ValueError(
+            f"the plan is for {t.num_nodes}x{t.devices_per_node} devices, the hardware "
+            f"{hw.name!r} is {hw.num_nodes}x{hw.devices_per_node}"
+        )
+    unknown, missing = name_mismatch(
+        (tp.name for tp in plan.tables), (x.name for x in model.tables)
+    )
+    parts = [
+        f"{what} {names[:5]}"
+        for what, names in (
+            ("tables not in the model", unknown),
+            ("tables without a placement", missing),
+        )
+        if names
+    ]
+    if parts:
+        raise ValueError(f"the plan does not match model {model.name!r}: " + "; ".join(parts))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

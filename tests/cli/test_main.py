@@ -67,6 +67,7 @@ def plans(tmp_path):
 # flags that argparse or the checks before JAX refuse: in process
 IN_PROCESS = [
     (["train", "--batch-size", "0"], "--batch-size: must be >= 1, got 0"),
+    (["train", "--batch-size", "8796093022208"], "--batch-size: must be <= 2147483647"),
     (["train", "--steps", "-1"], "--steps: must be >= 1, got -1"),
     (["train", "--steps", "0"], "--steps: must be >= 1, got 0"),
     (["train", "--eval-batches", "0"], "--eval-batches: must be >= 1, got 0"),
@@ -87,6 +88,7 @@ IN_PROCESS = [
     (["train", "--log-dir", "{inputs}/file.txt"], "--log-dir"),
     (["train", "--out", "{inputs}/file.txt/m.json"], "--out"),
     (["plan", "--nodes", "0"], "--nodes: must be >= 1, got 0"),
+    (["plan", "--batch-size", "8796093022208"], "--batch-size: must be <= 2147483647"),
     (["plan", "--devices-per-node", "0"], "--devices-per-node: must be >= 1"),
     (["plan", "--model", "nope"], "unknown model 'nope'"),
     (["plan", "--topology", "tpu"], "unknown topology 'tpu'"),

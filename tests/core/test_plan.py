@@ -60,6 +60,13 @@ def test_round_trip_text_and_file(tmp_path):
         (lambda d: d["tables"][0].pop("cluster"), "table 'a': missing field 'cluster'"),
         (lambda d: d["tables"][0].update(name=3), "table name must be a non-empty string"),
         (lambda d: d.update(tables={"a": 1}), "plan tables must be a list"),
+        (lambda d: d["tables"][0].update(cluster="xx"), "table 'a': unknown cluster 'xx'"),
+        (lambda d: d["tables"][0].update(column_shards=0), "table 'a': column_shards must be >= 1"),
+        (
+            lambda d: d["tables"][0].update(row_shards=-2),
+            "table 'a': row_shards must be >= 1, got -2",
+        ),
+        (lambda d: d.update(batch_size=2**31 + 8), "batch_size 2147483656 is above 2147483647"),
     ],
 )
 def test_bad_fields_name_the_table_and_field(mutate, message):

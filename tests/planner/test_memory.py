@@ -124,3 +124,16 @@ def test_search_prices_the_staged_update_per_shard():
         C.table_memory(rows, t.dim, 4, spec.slot_footprint) + 8 * cap * (8 + 4 * t.dim) + staged
     )
     assert per_shard >= m.state + m.staged
+
+
+def test_a_plan_for_other_devices_or_tables_is_refused():
+    spec = spec_of("t7-mini", 1)
+    hw = get_hardware("dgx-h100", 1, 8)
+    plan_ = plan_of(spec, "rw", hw)
+    for other in (get_hardware("dgx-h100", 2, 8), get_hardware("dgx-h100", 1, 4)):
+        with pytest.raises(ValueError, match="the plan is for 1x8 devices"):
+            plan_memory(spec, plan_, other)
+        with pytest.raises(ValueError, match="the plan is for 1x8 devices"):
+            evaluate(spec, plan_, other)
+    with pytest.raises(ValueError, match=r"tables not in the model .*; tables without a placement"):
+        plan_memory(spec_of("t180-mini", 12), plan_, hw)
