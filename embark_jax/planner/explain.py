@@ -52,7 +52,12 @@ def _cluster_reason(t: PlannerTable, c: ClusterChoice) -> str:
         f"{o.cluster.value} {s * 1e6:.1f} us"
         for o, s in sorted(c.priced, key=lambda x: x[0].sort_key)
     )
-    return f"{c.option.cluster.value}: {_WHY[c.option.cluster](t)} [{priced}]"
+    cheapest = min(c.priced, key=lambda x: x[1])[0].cluster if c.priced else c.option.cluster
+    if c.option.cluster is not cheapest:  # a bound-guided start chose it (its Retarget says)
+        why = f"not the cheapest alone ({cheapest.value}), but it balances the devices"
+    else:
+        why = _WHY[c.option.cluster](t)
+    return f"{c.option.cluster.value}: {why} [{priced}]"
 
 
 def _moves_reason(ms: list[Move]) -> str:

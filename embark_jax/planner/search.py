@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from embark_jax.core.plan import Cluster
 from embark_jax.planner.baselines import best_of_baselines
 from embark_jax.planner.bound import attach, lower_bound
 from embark_jax.planner.explain import explain
@@ -140,11 +139,7 @@ def _targeted(p: Problem, bound: Bound, max_rounds: int, moves: int):
     for _, _, target, ev, options, splits in starts[:REFINED_STARTS]:
         trace = Trace()
         trace.clusters = [ClusterChoice(n, options[n], priced[n]) for n in sorted(options)]
-        retargets = [
-            Retarget(n, o, target, bound.embedding_s)
-            for n, o in sorted(options.items())
-            if o.cluster is not Cluster.DP
-        ]
+        retargets = [Retarget(n, o, target, bound.embedding_s) for n, o in sorted(options.items())]
         ev, options, refinements = improve(p, options, ev, max_rounds)
         ev, moved = rebalance(p, options, ev, moves)
         trace.steps = [*retargets, *splits, *refinements, *moved]

@@ -32,7 +32,15 @@ from embark_jax.planner.explain import explain
 from embark_jax.planner.place import place
 from embark_jax.planner.propose import choose_clusters, presplit_rows
 from embark_jax.planner.refine import fit_memory, improve
-from embark_jax.planner.types import ClusterChoice, Option, Problem, Refinement, RowSplit, Trace
+from embark_jax.planner.types import (
+    ClusterChoice,
+    Option,
+    Problem,
+    Refinement,
+    Retarget,
+    RowSplit,
+    Trace,
+)
 
 SGD = (0, 0)
 H100 = PRESETS["dgx-h100"]
@@ -293,6 +301,14 @@ def test_explain_from_the_trace_by_hand():
         "step 2.000 -> 1.500 ms)",
         "b": "dp: small replica, no routing [dp 1.0 us]",
     }
+    # a bound-guided start's option that was not the cheapest alone says so, with its target
+    trace.clusters[1] = ClusterChoice("b", DP, ((DP, 3e-6), (RB, 1e-6)))
+    trace.steps = [Retarget("b", DP, 2e-3, 1e-3)]
+    assert explain(m, trace)["b"] == (
+        "dp: not the cheapest alone (rb), but it balances the devices [dp 3.0 us, rb 1.0 us]; "
+        "r=1 c=1: its fewest device-seconds with shards under a target of 2.000 ms per device "
+        "(2.00x the bound)"
+    )
     trace.baseline = "trw"
     assert explain(m, trace) == {n: "baseline trw was predicted fastest" for n in ("a", "b")}
 
