@@ -16,30 +16,15 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 
+import jax.numpy as jnp
+
+from embark_jax.sharding import hlo_scan
+
 __all__ = ["Collective", "collective_bytes", "collectives", "link_bytes", "wire_bytes"]
 
-_DTYPE_BYTES = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "s16": 2,
-    "u16": 2,
-    "f16": 2,
-    "bf16": 2,
-    "s32": 4,
-    "u32": 4,
-    "f32": 4,
-    "s64": 8,
-    "u64": 8,
-    "f64": 8,
-}
+# HLO element type -> bytes, from the one table of element types (`hlo_scan.HLO_DTYPES`)
+_DTYPE_BYTES = {hlo: jnp.dtype(name).itemsize for name, hlo in hlo_scan.HLO_DTYPES.items()}
 _KINDS = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
-_LINE = re.compile(
-    r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<shape>.*?)\s(?P<op>"
-    + "|".join(re.escape(k) for k in _KINDS)
-    + r")(?:-start)?\("
-)
-_ARRAY = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
 _GROUPS = re.compile(r"replica_groups=\{(\{[\d,]*\}(?:,\{[\d,]*\})*)\}")
 
 
@@ -51,15 +36,15 @@ class Collective:
     dtypes: tuple[str, ...]
 
 
-def _shape_bytes(shape_text: str) -> tuple[int, tuple[str, ...]]:
-    total, dtypes = 0, []
-    for dtype, dims in _ARRAY.findall(shape_text):
+def _array_bytes(ins: hlo_scan.Instr) -> int:
+    """Bytes of every array of an instruction's result (a tuple's arrays summed)."""
+    total = 0
+    for dtype, dims in ins.arrays:
         n = 1
-        for d in filter(None, dims.split(",")):
-            n *= int(d)
-        total += n * _DTYPE_BYTES[dtype]
-        dtypes.append(dtype)
-    return total, tuple(dtypes)
+        for d in dims:
+            n *= d
+        total += n * _DTYPE_BYTES.get(dtype, 1)  # the rest: f8 types
+    return total
 
 
 def _axis_of(line: str, mesh_shape: Sequence[int], axis_names: Sequence[str]) -> str:
@@ -92,12 +77,16 @@ def collectives(
     text = compiled_or_text if isinstance(compiled_or_text, str) else compiled_or_text.as_text()
     out = []
     for line in text.splitlines():
-        m = _LINE.match(line)
-        if not m:
+        ins = hlo_scan.instruction(line)
+        if ins is None or ins.opcode.removesuffix("-start") not in _KINDS:
             continue
-        nbytes, dtypes = _shape_bytes(m.group("shape"))
         out.append(
-            Collective(m.group("op"), _axis_of(line, mesh_shape, axis_names), nbytes, dtypes)
+            Collective(
+                ins.opcode.removesuffix("-start"),
+                _axis_of(line, mesh_shape, axis_names),
+                _array_bytes(ins),
+                tuple(d for d, _ in ins.arrays),
+            )
         )
     return out
 

@@ -57,10 +57,15 @@ HLO_DTYPES = {
     "float64": "f64",
     "int32": "s32",
     "int64": "s64",
+    "int16": "s16",
     "uint32": "u32",
+    "uint64": "u64",
+    "uint16": "u16",
     "uint8": "u8",
     "int8": "s8",
     "bool": "pred",
+    "complex64": "c64",
+    "complex128": "c128",
 }
 
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
@@ -111,27 +116,26 @@ def parse(hlo_text: str) -> dict[str, list[Instr]]:
         if line.strip() == "}":
             current = None
             continue
-        m = _INSTR.match(line)
-        if not m:
-            continue
-        shape, tail = _split_shape(m["rest"])
-        op = _OPCODE.match(tail)
-        arrays = tuple(
-            (a["dtype"], tuple(int(x) for x in a["dims"].split(",") if x))
-            for a in _ARRAY.finditer(shape)
-        )
-        comps[current].append(
-            Instr(
-                current,
-                m["name"],
-                op["op"] if op else "?",
-                shape,
-                arrays,
-                line,
-                bool(m["root"]),
-            )
-        )
+        ins = instruction(line, current)
+        if ins is not None:
+            comps[current].append(ins)
     return comps
+
+
+def instruction(line: str, computation: str = "") -> Instr | None:
+    """One HLO instruction line parsed (None if the line is not one)."""
+    m = _INSTR.match(line)
+    if not m:
+        return None
+    shape, tail = _split_shape(m["rest"])
+    op = _OPCODE.match(tail)
+    arrays = tuple(
+        (a["dtype"], tuple(int(x) for x in a["dims"].split(",") if x))
+        for a in _ARRAY.finditer(shape)
+    )
+    return Instr(
+        computation, m["name"], op["op"] if op else "?", shape, arrays, line, bool(m["root"])
+    )
 
 
 def squeeze(dims) -> tuple[int, ...]:
