@@ -24,14 +24,14 @@ all `V` rows (dense); RB and UB, G times the group's bucket (`traffic.routed_buc
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from embark_jax.core import dp_exchange
+from embark_jax.core.layout import ShardLayout
 from embark_jax.core.plan import Cluster, Plan
 from embark_jax.planner import cost as C
 from embark_jax.planner.hardware import HardwareTopology
 from embark_jax.planner.model import ModelSpec
-from embark_jax.planner.traffic import groups, routed_bucket, slots_per_device
+from embark_jax.planner.traffic import dp_group_exchange, groups, routed_bucket, slots_per_device
 from embark_jax.planner.types import check_plan
 
 __all__ = ["StepMemory", "plan_memory"]
@@ -58,18 +58,19 @@ class StepMemory:
 class _Group:
     cluster: Cluster
     width: int
-    dtype_bytes: int
     members: list
     rows_per_device: int
 
 
 def _rows_per_device(members, g: int) -> int:
-    """The most rows of the group one device holds (lowering's `rows_per_device`)."""
+    """The most rows of the group one device holds (lowering's `rows_per_device`), each
+    shard's rows by the table's `ShardLayout`."""
     used = [0] * g
     for t, tp in members:
+        dp = tp.cluster is Cluster.DP
+        layout = ShardLayout(t.vocab_size, t.dim, 1 if dp else tp.row_shards)
         for _, j, dev in tp.shard_devices():
-            r = 1 if tp.cluster is Cluster.DP else tp.row_shards
-            used[dev] += math.ceil((t.vocab_size - (0 if tp.cluster is Cluster.DP else j)) / r)
+            used[dev] += layout.shard_rows(0 if dp else j)
     return max(1, max(used))
 
 
@@ -77,12 +78,10 @@ def _update_inputs(grp: _Group, plan: Plan, hw: HardwareTopology) -> tuple[int, 
     """(N id slots reaching the group's update on one device, bytes of its inputs)."""
     g, b, w = hw.num_devices, plan.batch_size // hw.num_devices, grp.width
     if grp.cluster is Cluster.DP:
-        id_slots = sum(b * C.id_slots(t) for t, _ in grp.members)
-        grad_rows = sum(b * C.dp_grad_rows(t) for t, _ in grp.members)
-        rows = grp.rows_per_device
-        if dp_exchange.dense_wins(rows, w, id_slots, grad_rows, g):
-            return rows, rows * (w * 4 + 4)
-        return g * id_slots, g * (3 * ID_BYTES * id_slots + 4 * w * grad_rows)
+        dense, rows, id_slots, grad_rows = dp_group_exchange(grp.members, b, w, g)
+        if dense:
+            return rows, rows * (w + 1) * 4
+        return g * id_slots, g * dp_exchange.sparse_bytes_per_device(id_slots, grad_rows, w)
     n = g * routed_bucket(grp.members, plan.batch_size, hw)
     if grp.cluster is Cluster.UB:
         return n, n * (ID_BYTES + 4 * w)
@@ -105,9 +104,8 @@ def plan_memory(model: ModelSpec, plan: Plan, hw: HardwareTopology) -> StepMemor
     b = plan.batch_size // g
     state = staged = exchange = ub_backward = rb_backward = 0.0
     for (cluster, w, e), members in groups(model, plan).items():
-        grp = _Group(cluster, w, e, members, _rows_per_device(members, g))
-        slot_bytes = 4 * C.slot_floats_per_row(model.slot_footprint, w)
-        state += grp.rows_per_device * (w * e + slot_bytes)
+        grp = _Group(cluster, w, members, _rows_per_device(members, g))
+        state += C.table_memory(grp.rows_per_device, w, e, model.slot_footprint)
         n, inputs = _update_inputs(grp, plan, hw)
         staged += C.staged_memory(n, grp.rows_per_device, w, e, model.slot_footprint)
         exchange = max(exchange, inputs)

@@ -32,7 +32,7 @@ from embark_jax.planner.hardware import HardwareTopology
 from embark_jax.planner.model import ModelSpec
 from embark_jax.planner.types import check_plan
 
-__all__ = ["groups", "plan_traffic", "routed_bucket", "slots_per_device"]
+__all__ = ["dp_group_exchange", "groups", "plan_traffic", "routed_bucket", "slots_per_device"]
 
 
 def groups(model: ModelSpec, plan: Plan) -> dict[tuple, list]:
@@ -82,13 +82,25 @@ def slots_per_device(members, num_devices: int) -> int:
     return max(1, max(per_dev))
 
 
-def _dp(members, b: int, w: int, hw: HardwareTopology) -> tuple[float, float]:
-    """(intra, inter) bytes of a DP group's gradient exchange (`DPCluster.stage`, by the
-    rule of `core.dp_exchange`)."""
+def dp_group_exchange(members, b: int, w: int, num_devices: int) -> tuple[bool, int, int, int]:
+    """How a DP group exchanges its gradients (`DPCluster.stage`, by the rule of
+    `core.dp_exchange`): (dense, its replica's rows, one device's id slots, one device's
+    output gradient rows)."""
     rows = sum(t.vocab_size for t, _ in members)
     id_slots = sum(b * C.id_slots(t) for t, _ in members)
     grad_rows = sum(b * C.dp_grad_rows(t) for t, _ in members)
-    if dp_exchange.dense_wins(rows, w, id_slots, grad_rows, hw.num_devices):
+    return (
+        dp_exchange.dense_wins(rows, w, id_slots, grad_rows, num_devices),
+        rows,
+        id_slots,
+        grad_rows,
+    )
+
+
+def _dp(members, b: int, w: int, hw: HardwareTopology) -> tuple[float, float]:
+    """(intra, inter) bytes of a DP group's gradient exchange."""
+    dense, rows, id_slots, grad_rows = dp_group_exchange(members, b, w, hw.num_devices)
+    if dense:
         return C.allreduce_split(rows * (w + 1) * 4, hw)
     return C.a2a_split(dp_exchange.sparse_bytes_per_device(id_slots, grad_rows, w), hw)
 
