@@ -43,7 +43,7 @@ def one_table(vocab, cluster, *, dim=64, hot=8, batch=4096, devices=1, dtype="fl
     return config, plan
 
 
-@pytest.mark.parametrize("cluster", ["rb", "dp"])
+@pytest.mark.parametrize("cluster", ["rb", "ub", "dp"])
 def test_the_default_step_touches_no_whole_table_on_a_million_rows(cluster):
     """One device, 1M x 64, row-wise Adagrad, batch 4096 x 8: the runner's compiled step has
     no operation that reads, copies or writes the table or its accumulator; both are
