@@ -7,6 +7,7 @@ the mode off), and a stale pointer does not crash. Where the OS has THP switched
 placement checks are skipped, the rest still runs.
 """
 
+import mmap
 import os
 import subprocess
 import sys
@@ -227,7 +228,9 @@ def _jit_lookup(t, ids, seg):
 def test_regions_never_written_do_not_fail_the_rest():
     """MADV_COLLAPSE refuses a 2 MiB region that was never written (EINVAL); the written
     regions of the same 32 MiB slice are still moved, and the call is not an error."""
-    buf = np.empty(64 * MIB // 4, np.float32)
+    # a fresh anonymous mapping: np.empty may hand back heap memory an earlier test wrote
+    region = mmap.mmap(-1, 64 * MIB)
+    buf = np.frombuffer(region, np.float32)
     buf[: 4 * MIB // 4] = 1.0  # only the first 4 MiB exist
     got = native._cpu_module().advise_huge_pages(buf.ctypes.data, buf.nbytes)
     assert 2 * MIB <= got < 32 * MIB
