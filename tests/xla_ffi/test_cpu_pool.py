@@ -80,13 +80,18 @@ for case, pause, onto in (
         time.sleep(pause)  # it runs there, then waits (yields) or, past 5 ms, sleeps
         # Asleep, a worker has its whole mask back, and the scheduler may have moved it
         # (another process busy there) before it slept: then try again.
-        if case == "waiting" or all(
+        if case != "waiting" and not all(
             where(t)[0] == "S" and (where(t)[1] in onto) for t in workers()
         ):
+            continue
+        got = np.asarray(jax.block_until_ready(f(table, ids, seg)))
+        masks = [allowed(tid) for tid in workers()]
+        # A worker that fell asleep (5 ms after the call, sooner than this thread read its
+        # mask on a busy machine) has its whole mask back, as it should: then try again.
+        if all(where(t)[0] != "S" for t in workers()):
             break
-    got = np.asarray(jax.block_until_ready(f(table, ids, seg)))
     ok = ok and bool(np.allclose(got, want, rtol=1e-5, atol=1e-5))
-    out["cases"][case] = [allowed(tid) for tid in workers()]
+    out["cases"][case] = masks
     out["attempts_" + case] = attempt + 1
 time.sleep(0.1)  # idle: every worker sleeps, its whole mask back
 out["after_sleep"] = [allowed(tid) for tid in workers()]
