@@ -17,8 +17,8 @@ nothing, like -1 in the fixed-vocabulary tables.
 **Hash.** `hash_words` is a bijective 64-bit mixer built from 32-bit operations only (a
 4-round Feistel network whose round function is the `lowbias32` integer hash, `abi::Mix32`),
 so that C++, CUDA and `jnp` without 64-bit types compute it bit for bit. Its low word picks
-the bucket (`low % num_buckets`); its high word is reserved for routing an id to a shard
-(`high % shards`, a later stage), so that the shard and the bucket inside it are independent.
+the bucket (`low % num_buckets`); its high word routes an id to a shard (`shard_of`:
+`high % shards`), so that the shard and the bucket inside it are independent.
 
 Plain Python and numpy; importing it never loads JAX.
 """
@@ -43,6 +43,7 @@ __all__ = [
     "join_key_words",
     "key_words",
     "mix32",
+    "shard_of",
 ]
 
 EMPTY_WORD = 0xFFFFFFFF
@@ -258,3 +259,10 @@ def hash_words(words: np.ndarray) -> np.ndarray:
     for k in FEISTEL_KEYS:
         left, right = right, left ^ mix32(right ^ np.uint32(k))
     return np.stack([left, right], axis=1)
+
+
+def shard_of(words: np.ndarray, num_shards: int) -> np.ndarray:
+    """`[N]` int32 shard owning each id of `words` `[N, 2]` uint32: the high word of its hash
+    modulo `num_shards` (`ops.hash_reference.shard_of` on the device). Padding ids get a
+    shard too; callers skip them."""
+    return (hash_words(words)[:, 1] % np.uint32(num_shards)).astype(np.int32)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from embark_jax.ops import abi
 from embark_jax.ops.reference import mix32
 
-__all__ = ["bucket_of", "find", "find_or_insert", "hash_words"]
+__all__ = ["bucket_of", "find", "find_or_insert", "hash_words", "shard_of"]
 
 EMPTY = 0xFFFFFFFF
 _MAX_COUNT = 0x7FFFFFFF
@@ -37,6 +37,11 @@ def hash_words(words: jax.Array) -> jax.Array:
 def bucket_of(words: jax.Array, num_buckets: int) -> jax.Array:
     """`[N]` int32 bucket of each id: word 0 of its hash modulo `num_buckets`."""
     return (hash_words(words)[:, 0] % jnp.uint32(num_buckets)).astype(jnp.int32)
+
+
+def shard_of(words: jax.Array, num_shards: int) -> jax.Array:
+    """`[N]` int32 shard owning each id (`core.dynamic.shard_of`): hash word 1 modulo shards."""
+    return (hash_words(words)[:, 1] % jnp.uint32(num_shards)).astype(jnp.int32)
 
 
 def _is_empty(words: jax.Array) -> jax.Array:
