@@ -33,10 +33,13 @@ import ml_dtypes
 import numpy as np
 
 from embark_jax.core.choice import Choice
+from embark_jax.core.specs import Combiner
 
 __all__ = [
     "EMPTY_WORD",
     "FEISTEL_KEYS",
+    "DynamicConfig",
+    "DynamicFeatureConfig",
     "DynamicTableConfig",
     "Eviction",
     "hash_words",
@@ -210,6 +213,73 @@ class DynamicTableConfig:
     def ttl(self) -> int:
         """`ttl_steps` as the kernels take it: 0 for none."""
         return self.ttl_steps or 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DynamicFeatureConfig:
+    """A feature looked up in a dynamic table: up to `max_hotness` ids a sample, pooled by
+    `combiner` (`sum` default, `mean` or `sqrtn`; a mean or sqrtn divides by the sample's
+    non-padding ids, refused and dropped ones included, which read zeros)."""
+
+    name: str
+    table: str
+    max_hotness: int = 1
+    combiner: Combiner | str = Combiner.SUM
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"dynamic feature name must be a non-empty string, got {self.name!r}")
+        where = f"dynamic feature {self.name!r}"
+        if not _is_int(self.max_hotness) or self.max_hotness < 1:
+            raise ValueError(f"{where}: max_hotness must be an int >= 1, got {self.max_hotness!r}")
+        object.__setattr__(self, "max_hotness", int(self.max_hotness))
+        try:
+            combiner = Combiner.parse(self.combiner)
+        except ValueError as e:
+            raise ValueError(f"{where}: combiner: {e}") from None
+        if combiner is Combiner.NONE:
+            raise ValueError(f"{where}: combiner must be sum, mean or sqrtn, got 'none'")
+        object.__setattr__(self, "combiner", combiner)
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicConfig:
+    """The dynamic tables of a model and the features that look them up: names unique
+    (tables and features), every feature's table among `tables`, every table used."""
+
+    tables: tuple[DynamicTableConfig, ...] = ()
+    features: tuple[DynamicFeatureConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tables", tuple(self.tables))
+        object.__setattr__(self, "features", tuple(self.features))
+        for kind, items, cls in (
+            ("table", self.tables, DynamicTableConfig),
+            ("feature", self.features, DynamicFeatureConfig),
+        ):
+            for x in items:
+                if not isinstance(x, cls):
+                    raise ValueError(f"dynamic {kind}s must be {cls.__name__}s, got {x!r}")
+            names = [x.name for x in items]
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise ValueError(f"dynamic {kind} names must be unique, repeated: {dup}")
+        tables = {t.name for t in self.tables}
+        for f in self.features:
+            if f.table not in tables:
+                raise ValueError(
+                    f"dynamic feature {f.name!r}: table {f.table!r} is not a dynamic table "
+                    f"(known: {sorted(tables)})"
+                )
+        unused = sorted(tables - {f.table for f in self.features})
+        if unused:
+            raise ValueError(f"dynamic tables {unused} are looked up by no feature")
+
+    def table(self, name: str) -> DynamicTableConfig:
+        return next(t for t in self.tables if t.name == name)
+
+    def features_of(self, table: str) -> tuple[DynamicFeatureConfig, ...]:
+        return tuple(f for f in self.features if f.table == table)
 
 
 def key_words(ids: Any) -> np.ndarray:

@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from embark_jax.core.dynamic import DynamicConfig
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import SparseFeatures
 
@@ -25,7 +26,9 @@ class DataError(ValueError):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Batch:
-    """One batch: `sparse` features, `dense` features `[B, num_dense]`, `labels` `[B]` (0/1).
+    """One batch: `sparse` features, `dense` features `[B, num_dense]`, `labels` `[B]` (0/1),
+    and `dynamic` features of dynamic tables: name -> `[B, H, 2]` uint32 id words (low, high;
+    all ones: padding; `core.dynamic.key_words`).
 
     Host (numpy) or device arrays alike; `validate` checks a host batch before it is placed.
     """
@@ -33,17 +36,27 @@ class Batch:
     sparse: SparseFeatures
     dense: Any
     labels: Any
+    dynamic: Any = dataclasses.field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
         labels = np.shape(self.labels)
         return int(labels[0]) if labels else 0
 
-    def validate(self, config: EmbeddingConfig, *, num_devices: int, num_dense: int) -> None:
+    def validate(
+        self,
+        config: EmbeddingConfig,
+        *,
+        num_devices: int,
+        num_dense: int,
+        dynamic: DynamicConfig | None = None,
+    ) -> None:
         """Host-side checks of a training batch; a `DataError` (a `ValueError`) naming what
-        is wrong: the value and its sample (and feature) where it is one value."""
+        is wrong: the value and its sample (and feature) where it is one value. `dynamic`:
+        the dynamic features the batch must carry (none without it)."""
         try:
             self._validate(config, num_devices, num_dense)
+            self._validate_dynamic(dynamic)
         except DataError:
             raise
         except ValueError as e:  # the sparse features' checks
@@ -87,3 +100,20 @@ class Batch:
                     f"the step is compiled for max_hotness {f.max_hotness}"
                 )
         sparse.validate(config)
+
+    def _validate_dynamic(self, dynamic: DynamicConfig | None) -> None:
+        want = {f.name: f for f in (dynamic.features if dynamic else ())}
+        if set(self.dynamic) != set(want):
+            raise DataError(
+                f"dynamic features: the batch has {sorted(self.dynamic)}, the model takes "
+                f"{sorted(want)}"
+            )
+        b = self.batch_size
+        for name, f in want.items():
+            x = self.dynamic[name]
+            shape, dtype = tuple(np.shape(x)), np.asarray(x).dtype
+            if shape != (b, f.max_hotness, 2) or dtype != np.uint32:
+                raise DataError(
+                    f"dynamic feature {name!r}: ids must be uint32 [{b}, {f.max_hotness}, 2] "
+                    f"id words (core.dynamic.key_words), got {dtype}{list(shape)}"
+                )

@@ -140,16 +140,27 @@ def _step(name: str, step) -> jax.Array:
     return step.astype(jnp.int32)
 
 
+def _lead(state: DynamicTableState) -> tuple[int, ...]:
+    """The state's leading dimensions: () for a shard, (1,) for a `shard_map` block of a
+    stacked table (updated as it is: a reshape would make XLA copy the aliased buffers)."""
+    return tuple(state.keys.shape[:-2])
+
+
 def _check_state(name: str, state: DynamicTableState, config: DynamicTableConfig) -> None:
     if not isinstance(config, DynamicTableConfig):
         raise ValueError(f"{name}: config must be a DynamicTableConfig, got {config!r}")
+    lead = _lead(state)
+    if lead not in ((), (1,)):
+        raise ValueError(
+            f"{name}: state.keys must be [C, 2] or a [1, C, 2] block, got {list(state.keys.shape)}"
+        )
     c, a = config.capacity, config.num_buckets * config.admission_candidates
     want = {
-        "keys": ((c, 2), jnp.uint32),
-        "scores": ((c, 2), jnp.int32),
-        "cand_keys": ((a, 2), jnp.uint32),
-        "cand_scores": ((a, 2), jnp.int32),
-        "values": ((c, config.dim), config.dtype),
+        "keys": ((*lead, c, 2), jnp.uint32),
+        "scores": ((*lead, c, 2), jnp.int32),
+        "cand_keys": ((*lead, a, 2), jnp.uint32),
+        "cand_scores": ((*lead, a, 2), jnp.int32),
+        "values": ((*lead, c, config.dim), config.dtype),
     }
     for field, (shape, dtype) in want.items():
         x = getattr(state, field)
@@ -174,6 +185,7 @@ def find_slots(
     expired (`ttl` > 0 and `step - last seen > ttl`)."""
     step = jnp.asarray(step, jnp.int32)
     if resolve(backend) is Backend.REFERENCE:
+        keys, scores = keys.reshape(-1, 2), scores.reshape(-1, 2)
         return hash_reference.find(keys, scores, ids, step, bucket_size=bucket_size, ttl=ttl)
     return _ffi._call(abi.Target.HASH_FIND, _ffi.result_type(ids, (ids.shape[0],), jnp.int32))(
         keys, scores, ids, step, bucket_size=np.int64(bucket_size), ttl=np.int64(ttl)
@@ -196,14 +208,16 @@ def find_or_insert_slots(
 ):
     """The raw `find_or_insert` on the hash table's arrays (no values): returns `(keys,
     scores, cand_keys, cand_scores, slots [N] int32, fresh [N] bool, counts [6] int32)`.
-    The first four are updated in place when donated (the kernel's outputs alias them)."""
+    The first four are updated in place when donated (the kernel's outputs alias them);
+    they may carry leading dimensions (`[..., C, 2]`), which count as rows."""
     eviction_id = abi.EvictionId[Eviction.parse(eviction).name]
     step = jnp.asarray(step, jnp.int32)
     attrs = dict(bucket_size=bucket_size, eviction=int(eviction_id), threshold=threshold, ttl=ttl)
     if resolve(backend) is Backend.REFERENCE:
-        return hash_reference.find_or_insert(
-            keys, scores, cand_keys, cand_scores, ids, step, **attrs
-        )
+        shapes = (keys.shape, scores.shape, cand_keys.shape, cand_scores.shape)
+        flat = (x.reshape(-1, 2) for x in (keys, scores, cand_keys, cand_scores))
+        out = hash_reference.find_or_insert(*flat, ids, step, **attrs)
+        return tuple(x.reshape(s) for x, s in zip(out[:4], shapes)) + tuple(out[4:])
     n = ids.shape[0]
     ws = 1
     if _ffi.on_gpu():
@@ -294,16 +308,19 @@ def find_or_insert(
         ttl=config.ttl,
         backend=backend,
     )
-    c = config.capacity
+    c, lead = config.capacity, _lead(state)
     rows = jnp.where(fresh, slots, c)  # rows to reset; c is out of range: dropped
-    values = state.values.at[rows].set(initial_rows(config, words), mode="drop")
-    opt_state = _reset_slots(state.opt_state, rows, c, config, optimizer)
+    at = (0,) * len(lead) + (rows,)  # a block is written as it is (no reshape: no copy)
+    values = state.values.at[at].set(initial_rows(config, words), mode="drop")
+    opt_state = _reset_slots(state.opt_state, at, c, config, optimizer)
+    step = jnp.broadcast_to(step, jnp.shape(state.step))
     new = DynamicTableState(keys, scores, ckeys, cscores, values, opt_state, step)
     return new, InsertResult(slots, fresh, counts)
 
 
-def _reset_slots(opt_state, rows, capacity: int, config, optimizer):
-    """The optimizer state with the given rows reset to the optimizer's initial values."""
+def _reset_slots(opt_state, at, capacity: int, config, optimizer):
+    """The optimizer state with the rows at index `at` (`(rows,)`, or `(0, rows)` in a
+    block) reset to the optimizer's initial values."""
     per_row = [x for x in jax.tree.leaves(opt_state) if x.ndim > 0]
     if not per_row:
         return opt_state
@@ -314,10 +331,13 @@ def _reset_slots(opt_state, rows, capacity: int, config, optimizer):
         )
     fresh = optimizer.init(jnp.zeros((1, config.dim), config.dtype))
 
+    lead, rows = len(at) - 1, at[-1]
+
     def reset(x, x0):
-        if x.ndim == 0 or x.shape[0] != capacity:
+        if x.ndim <= lead or x.shape[lead] != capacity:
             return x  # e.g. Adam's update count
-        return x.at[rows].set(jnp.broadcast_to(x0[0], (rows.shape[0], *x.shape[1:])), mode="drop")
+        fill = jnp.broadcast_to(x0[0], (rows.shape[0], *x.shape[lead + 1 :]))
+        return x.at[at].set(fill, mode="drop")
 
     return jax.tree.map(reset, opt_state, fresh)
 

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from embark_jax.sharding.dynamic import COUNT_NAMES
+
 __all__ = ["AUC_BINS", "DeviceMetrics", "HostSums", "StreamingAUC", "auc", "logloss"]
 
 # Probability bins of the device AUC histograms (AUC exact to about 1 / AUC_BINS).
@@ -127,9 +129,10 @@ class DeviceMetrics(NamedTuple):
     neg: jax.Array  # [AUC_BINS] uint32
     overflow: jax.Array  # [num_tables] uint32, ids lost to a capacity (every step run)
     invalid: jax.Array  # [num_tables] uint32, ids outside their table (every step run)
+    dynamic: jax.Array  # [num_dynamic_tables, len(COUNT_NAMES)] uint32, dynamic tables' ids
 
     @classmethod
-    def zeros(cls, num_tables: int, bins: int = AUC_BINS) -> DeviceMetrics:
+    def zeros(cls, num_tables: int, bins: int = AUC_BINS, num_dynamic: int = 0) -> DeviceMetrics:
         # distinct arrays: the runner donates the sums, and one buffer cannot be donated twice
         def z(shape=(), dtype=jnp.uint32):
             return jnp.zeros(shape, dtype)
@@ -144,6 +147,7 @@ class DeviceMetrics(NamedTuple):
             z((bins,)),
             z((num_tables,)),
             z((num_tables,)),
+            z((num_dynamic, len(COUNT_NAMES))),
         )
 
     def add_predictions(self, labels, probs, weight) -> DeviceMetrics:
@@ -170,6 +174,7 @@ class DeviceMetrics(NamedTuple):
             loss=loss,
             overflow=self.overflow + metrics["overflow"].astype(jnp.uint32),
             invalid=self.invalid + metrics["invalid"].astype(jnp.uint32),
+            dynamic=self.dynamic + metrics.get("dynamic", self.dynamic * 0).astype(jnp.uint32),
         )
 
 
@@ -197,4 +202,4 @@ class HostSums:
             self.floats[k] = hi - lo  # Kahan: the compensation holds the negated error
 
 
-_COUNTS = ("steps", "applied", "samples", "pos", "neg", "overflow", "invalid")
+_COUNTS = ("steps", "applied", "samples", "pos", "neg", "overflow", "invalid", "dynamic")

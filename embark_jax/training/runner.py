@@ -36,10 +36,17 @@ from embark_jax.core.options import OverflowPolicy
 from embark_jax.data.batch import Batch
 from embark_jax.sharding import hlo_bytes
 from embark_jax.sharding.capacity import grow_capacities
+from embark_jax.sharding.dynamic import COUNT_NAMES
 from embark_jax.sharding.checks import CapacityOverflowError, InvalidIdError
 from embark_jax.training.metrics import DeviceMetrics, HostSums, StreamingAUC
 from embark_jax.training.state import TrainSetup, TrainState, with_plan
-from embark_jax.training.step import Refusal, compile_eval_step, eval_step, train_step
+from embark_jax.training.step import (
+    Refusal,
+    compile_eval_step,
+    dynamic_lost,
+    eval_step,
+    train_step,
+)
 
 __all__ = ["READ_EVERY", "NonFiniteLossError", "StepResult", "StepRunner", "Totals"]
 
@@ -71,7 +78,9 @@ class StepResult:
 class Totals:
     """Sums over the steps a runner ran (host copies of the device metrics): steps run and
     committed, the committed steps' losses, their predictions' AUC / log loss (`auc`), and
-    per table the ids lost to a capacity (`overflow`) and outside their table (`invalid`)."""
+    per table the ids lost to a capacity (`overflow`; a dynamic table's: dropped by a full
+    bucket or a routing bucket) and outside their table (`invalid`), and per dynamic table
+    its counts by name (`dynamic`, `sharding.dynamic.COUNT_NAMES`)."""
 
     steps: int
     applied: int
@@ -79,6 +88,7 @@ class Totals:
     auc: StreamingAUC
     overflow: dict[str, int]
     invalid: dict[str, int]
+    dynamic: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def refused(self) -> int:
@@ -90,7 +100,11 @@ class Totals:
 
     def copy(self) -> Totals:
         return dataclasses.replace(
-            self, auc=self.auc.copy(), overflow=dict(self.overflow), invalid=dict(self.invalid)
+            self,
+            auc=self.auc.copy(),
+            overflow=dict(self.overflow),
+            invalid=dict(self.invalid),
+            dynamic={k: dict(v) for k, v in self.dynamic.items()},
         )
 
     def since(self, earlier: Totals) -> Totals:
@@ -102,6 +116,10 @@ class Totals:
             self.auc.since(earlier.auc),
             {k: v - earlier.overflow[k] for k, v in self.overflow.items()},
             {k: v - earlier.invalid[k] for k, v in self.invalid.items()},
+            {
+                t: {k: v - earlier.dynamic[t][k] for k, v in counts.items()}
+                for t, counts in self.dynamic.items()
+            },
         )
 
 
@@ -111,7 +129,8 @@ def _run_step(setup: TrainSetup, halting: int, state, sums, halted, batch):
     new, m = train_step(setup, state, batch, allow=~halted)
     sums = sums.add_step(m, batch.labels)
     halted = halted | ((m["status"] & halting) != 0)
-    flags = jnp.concatenate([m["status"][None], m["overflow"], m["invalid"]])
+    lost = [m["overflow"]] if "dynamic" not in m else [m["overflow"], dynamic_lost(m["dynamic"])]
+    flags = jnp.concatenate([m["status"][None], *lost, m["invalid"]])
     return new, sums, halted, flags, m["loss"]
 
 
@@ -168,8 +187,14 @@ class StepRunner:
     # Made by programs every process runs at the same point (construction, `evaluate`, a
     # refusal every process sees): a `device_put` would be a collective in several processes.
     def _zeros(self) -> DeviceMetrics:
-        n = len(self.setup.plan.tables)
-        return jax.jit(lambda: DeviceMetrics.zeros(n), out_shardings=self.setup.replicated)()
+        n, d = len(self.setup.plan.tables), len(self._dynamic_names())
+        return jax.jit(
+            lambda: DeviceMetrics.zeros(n, num_dynamic=d), out_shardings=self.setup.replicated
+        )()
+
+    def _dynamic_names(self) -> list[str]:
+        dyn = self.setup.dynamic
+        return [t.name for t in dyn.config.tables] if dyn is not None else []
 
     def _not_halted(self) -> jax.Array:
         return jax.jit(lambda: jnp.bool_(False), out_shardings=self.setup.replicated)()
@@ -193,6 +218,7 @@ class StepRunner:
             self.setup.config,
             num_devices=self.setup.plan.topology.num_devices,
             num_dense=self.setup.num_dense,
+            dynamic=self.setup.dynamic.config if self.setup.dynamic else None,
         )
 
     def place(self, batch: Batch) -> Batch:
@@ -246,13 +272,15 @@ class StepRunner:
 
     def _check(self, position: int, generation: int, flags: np.ndarray, loss) -> None:
         names = [t.name for t in self.setup.plan.tables]
+        lost_names = names + self._dynamic_names()
         status = Refusal(int(flags[0]))
-        overflow = dict(zip(names, flags[1 : 1 + len(names)].tolist(), strict=True))
-        invalid = dict(zip(names, flags[1 + len(names) :].tolist(), strict=True))
+        overflow = dict(zip(lost_names, flags[1 : 1 + len(lost_names)].tolist(), strict=True))
+        invalid = dict(zip(names, flags[1 + len(lost_names) :].tolist(), strict=True))
         grow = self.setup.options.overflow is OverflowPolicy.GROW
-        # a step run before the last growth already had its overflow answered
-        if grow and any(overflow.values()) and generation == self._generation:
-            grown = [name for name, n in overflow.items() if n > 0]
+        # a step run before the last growth already had its overflow answered; a dynamic
+        # table's capacity is its state's shape: it does not grow
+        if grow and any(overflow[n] for n in names) and generation == self._generation:
+            grown = [name for name in names if overflow[name] > 0]
             plan = grow_capacities(
                 self.setup.plan, grown, self.setup.options, lowered=self.setup.lowered
             )
@@ -285,6 +313,10 @@ class StepRunner:
             auc,
             {n: int(v) for n, v in zip(names, c["overflow"], strict=True)},
             {n: int(v) for n, v in zip(names, c["invalid"], strict=True)},
+            {
+                t: dict(zip(COUNT_NAMES, (int(v) for v in row), strict=True))
+                for t, row in zip(self._dynamic_names(), c["dynamic"], strict=True)
+            },
         )
 
     def evaluate(self, state: TrainState, batches: Iterable[Batch]) -> dict[str, float]:
@@ -358,7 +390,8 @@ def _refusal_error(status: Refusal, position: int, loss: float, overflow, invali
         err = CapacityOverflowError(
             f"ids overflowed routing/dedup capacities at step {step} (ids dropped per "
             f"table: {bad}; {kept}); raise the tables' capacity_factor / unique_capacity "
-            "(see embark_jax.sharding.capacity)"
+            "(see embark_jax.sharding.capacity); a dynamic table's drops need a larger "
+            "capacity or bucket_size"
         )
     err.step, err.position, err.state = step, position, None
     return err

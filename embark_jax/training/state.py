@@ -26,11 +26,13 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from embark_jax.core.dynamic import DynamicConfig
 from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.plan import Plan
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.ops.optimizers import SparseOptimizer
 from embark_jax.sharding.collection import per_table_optimizers
+from embark_jax.sharding.dynamic import DynamicShards
 from embark_jax.sharding.lowering import Lowered, lower
 from embark_jax.training.models import DenseConfig, make_model
 
@@ -49,6 +51,8 @@ class TrainState:
       tables: group name -> `[G, rows_per_device, width]` embedding buffer.
       slots: group name -> the sparse optimizer's state (a NamedTuple of slot arrays).
       rng: a PRNG key (raw uint32), for anything random in the step.
+      dynamic: dynamic table name -> its shards, stacked (`DynamicTableState`, leading
+        device axis; empty without dynamic tables).
     """
 
     step: jax.Array
@@ -57,6 +61,7 @@ class TrainState:
     tables: dict[str, jax.Array]
     slots: dict[str, Any]
     rng: jax.Array
+    dynamic: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def replace(self, **changes) -> TrainState:
         return dataclasses.replace(self, **changes)
@@ -74,6 +79,7 @@ class TrainSetup:
       tx: the dense optax transformation. num_dense: dense features per sample.
       dense_template: shapes, dtypes and shardings of `{"params", "opt", "rng"}` (what a
         checkpoint restore builds the dense part of a new state into).
+      dynamic: the dynamic tables (`DynamicShards`: config, mesh, optimizers), or None.
     """
 
     config: EmbeddingConfig
@@ -85,6 +91,7 @@ class TrainSetup:
     tx: optax.GradientTransformation
     num_dense: int
     dense_template: Any
+    dynamic: DynamicShards | None = None
 
     @property
     def plan(self) -> Plan:
@@ -114,12 +121,14 @@ def create(
     seed: int = 0,
     options: RuntimeOptions | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    dynamic: DynamicConfig | None = None,
 ) -> tuple[TrainSetup, TrainState]:
     """The setup and a freshly initialised state for training `config` sharded by `plan`.
 
-    `sparse_optimizer` is one optimizer for every table or a mapping table -> optimizer;
-    `dense_optimizer` defaults to Adam(1e-3). Tables are initialised shard by shard on
-    their devices (no host holds a whole table).
+    `sparse_optimizer` is one optimizer for every table or a mapping table -> optimizer
+    (dynamic tables included); `dense_optimizer` defaults to Adam(1e-3). Tables are
+    initialised shard by shard on their devices (no host holds a whole table). `dynamic`:
+    dynamic tables and their features, one shard per device of the mesh, empty at first.
     """
     lowered = lower(plan, config, per_table_optimizers(config, sparse_optimizer))
     mesh = plan.make_mesh() if mesh is None else mesh
@@ -127,6 +136,9 @@ def create(
     key = rngs.params()
     tables = {g.name: lowered.init_buffer(g, key, lowered.sharding(mesh)) for g in lowered.groups}
     dims = {f.name: config.table_of(f).dim for f in config.features}
+    shards = _dynamic_shards(config, dynamic, mesh, sparse_optimizer)
+    if shards is not None:
+        dims |= {f.name: dynamic.table(f.table).dim for f in dynamic.features}
     graphdef, params = nnx.split(make_model(dense, num_dense, dims, rngs=rngs), nnx.Param)
     tx = dense_optimizer or optax.adam(1e-3)
     rep = NamedSharding(mesh, P())
@@ -148,6 +160,7 @@ def create(
         dense_template=jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), dense_part
         ),
+        dynamic=shards,
     )
     state = TrainState(
         step=jax.device_put(jnp.zeros((), jnp.int32), rep),
@@ -156,8 +169,29 @@ def create(
         tables=tables,
         slots=init_slots(setup, tables),
         rng=dense_part["rng"],
+        dynamic={} if shards is None else shards.init(),
     )
     return setup, state
+
+
+def _dynamic_shards(config, dynamic, mesh, sparse_optimizer) -> DynamicShards | None:
+    """The dynamic tables' `DynamicShards`, their names checked against the fixed ones."""
+    if dynamic is None or not dynamic.tables:
+        return None
+    if not isinstance(dynamic, DynamicConfig):
+        raise ValueError(f"create: dynamic must be a DynamicConfig, got {type(dynamic).__name__}")
+    fixed = {t.name for t in config.tables} | {f.name for f in config.features}
+    clash = sorted(fixed & ({t.name for t in dynamic.tables} | {f.name for f in dynamic.features}))
+    if clash:
+        raise ValueError(f"create: dynamic names {clash} are also fixed tables or features")
+    if isinstance(sparse_optimizer, SparseOptimizer):
+        optimizers = {t.name: sparse_optimizer for t in dynamic.tables}
+    else:
+        missing = sorted({t.name for t in dynamic.tables} - set(sparse_optimizer))
+        if missing:
+            raise ValueError(f"create: sparse_optimizer has no entry for dynamic tables {missing}")
+        optimizers = {t.name: sparse_optimizer[t.name] for t in dynamic.tables}
+    return DynamicShards(dynamic, mesh, optimizers)
 
 
 def init_slots(setup: TrainSetup, tables: Mapping[str, jax.Array]) -> dict[str, Any]:

@@ -14,6 +14,14 @@ of the table rows the batch touches (staged before they are written), and, under
 `overflow="error"`, the overflow and invalid counts. A refused step writes nothing: every
 table, slot and dense leaf keeps its bits, `step` does not advance, and `metrics["status"]`
 says why (`Refusal` bits). With the state donated, a refused step still costs one step.
+
+Dynamic tables (`TrainSetup.dynamic`) are looked up beside the fixed ones and their update is
+staged first; the verdict covers their staged rows too, and `metrics["dynamic"]` counts
+their ids per table (`sharding.dynamic.COUNT_NAMES`). Their membership (which ids hold a
+row) changes in the lookup, before the verdict: a refused step keeps the ids it inserted,
+with their initial rows, and nothing else of it (`sharding.dynamic`). Under
+`overflow="error"` an id dropped by a full bucket or a routing bucket refuses the step
+(`Refusal.OVERFLOW`).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from embark_jax.core.options import OverflowPolicy
 from embark_jax.data.batch import Batch
 from embark_jax.ops.optimizers import rounding_seed
 from embark_jax.sharding.collection import apply_gradients_fn, lookup_fn
+from embark_jax.sharding.dynamic import COUNT_NAMES
 from embark_jax.training.state import TrainSetup, TrainState
 
 __all__ = [
@@ -38,6 +47,7 @@ __all__ = [
     "bce_loss",
     "compile_eval_step",
     "compile_train_step",
+    "dynamic_lost",
     "eval_step",
     "train_step",
 ]
@@ -77,7 +87,8 @@ def _lookup(setup: TrainSetup, state: TrainState, batch: Batch):
 
 
 def _pre_verdict(setup: TrainSetup, loss, params, dense_opt, overflow, invalid) -> jax.Array:
-    """`[]` int32 `Refusal` bits known before the sparse update is staged."""
+    """`[]` int32 `Refusal` bits known before the sparse update is staged (`overflow`
+    includes the dynamic tables' dropped ids)."""
     status = jnp.where(jnp.isfinite(loss), 0, int(Refusal.LOSS))
     status |= jnp.where(all_finite(params, dense_opt), 0, int(Refusal.DENSE))
     if setup.options.overflow is OverflowPolicy.ERROR:
@@ -91,10 +102,14 @@ def train_step(
 ) -> tuple[TrainState, dict[str, Any]]:
     """One training step on a device batch; returns the new state and
     `{"loss", "logits" [B], "overflow", "invalid" ([num_tables] each, plan order),
-    "applied" [] bool, "status" [] int32 (`Refusal` bits, 0 when applied)}`. Ids outside
+    "applied" [] bool, "status" [] int32 (`Refusal` bits, 0 when applied)}`, and with
+    dynamic tables `"dynamic"` `[num_dynamic_tables, len(COUNT_NAMES)]` int32. Ids outside
     their table are dropped like padding and counted as `invalid`. `allow` (a bool scalar)
     false refuses the step (`Refusal.HALTED`)."""
     outputs, residuals, overflow, invalid = _lookup(setup, state, batch)
+    dyn = _dynamic_lookup(setup, state, batch, train=True)
+    if dyn is not None:
+        outputs = {**outputs, **dyn.outputs}
 
     def loss_fn(params, emb):
         logits = setup.dense_model(params)(batch.dense, emb)
@@ -105,8 +120,13 @@ def train_step(
     )
     updates, dense_opt = setup.tx.update(g_params, state.dense_opt, state.dense_params)
     params = optax.apply_updates(state.dense_params, updates)
-    status = _pre_verdict(setup, loss, params, dense_opt, overflow, invalid)
+    dropped = overflow if dyn is None else jnp.concatenate([overflow, dynamic_lost(dyn.counts)])
+    status = _pre_verdict(setup, loss, params, dense_opt, dropped, invalid)
     status |= jnp.where(allow, 0, int(Refusal.HALTED)).astype(jnp.int32)
+    dyn_finite = jnp.bool_(True)
+    if dyn is not None:
+        seed = rounding_seed(state.rng, state.step)
+        staged, dyn_finite = setup.dynamic.stage(dyn.states, dyn.residuals, g_emb, state.step, seed)
     tables, slots, applied = apply_gradients_fn(
         setup.lowered,
         setup.mesh,
@@ -119,9 +139,12 @@ def train_step(
         batch.sparse,
         seed=rounding_seed(state.rng, state.step),  # bfloat16 stochastic rounding
         step=state.step,
-        allow=status == 0,
+        allow=(status == 0) & dyn_finite,
     )
     status |= jnp.where(applied | (status != 0), 0, int(Refusal.SPARSE)).astype(jnp.int32)
+    dynamic = state.dynamic
+    if dyn is not None:
+        dynamic = setup.dynamic.commit(dyn.states, dyn.residuals, staged, applied)
     keep = functools.partial(jax.tree.map, lambda new, old: jnp.where(applied, new, old))
     new = state.replace(
         step=state.step + applied.astype(state.step.dtype),
@@ -129,6 +152,7 @@ def train_step(
         dense_opt=keep(dense_opt, state.dense_opt),
         tables=tables,
         slots=slots,
+        dynamic=dynamic,
     )
     metrics = {
         "loss": loss,
@@ -138,12 +162,30 @@ def train_step(
         "applied": applied,
         "status": status,
     }
+    if dyn is not None:
+        metrics["dynamic"] = dyn.counts
     return new, metrics
+
+
+def _dynamic_lookup(setup: TrainSetup, state: TrainState, batch: Batch, *, train: bool):
+    if setup.dynamic is None:
+        return None
+    return setup.dynamic.lookup(state.dynamic, batch.dynamic, state.step, train=train)
+
+
+def dynamic_lost(counts: jax.Array) -> jax.Array:
+    """`[num_dynamic_tables]` int32 from the dynamic counts: ids a full bucket or a routing
+    bucket dropped."""
+    names = list(COUNT_NAMES)
+    return counts[:, names.index("dropped")] + counts[:, names.index("overflow")]
 
 
 def eval_step(setup: TrainSetup, state: TrainState, batch: Batch) -> jax.Array:
     """Predicted click probabilities `[B]` (no update)."""
     outputs = _lookup(setup, state, batch).outputs
+    dyn = _dynamic_lookup(setup, state, batch, train=False)
+    if dyn is not None:
+        outputs = {**outputs, **dyn.outputs}
     return jax.nn.sigmoid(setup.dense_model(state.dense_params)(batch.dense, outputs))
 
 

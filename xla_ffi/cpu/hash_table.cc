@@ -37,7 +37,7 @@ ffi::Error HashFindImpl(ffi::ThreadPool pool, ffi::AnyBuffer keys, ffi::AnyBuffe
   int32_t* out = static_cast<int32_t*>(slots->untyped_data());
   const int32_t now = *static_cast<const int32_t*>(step.untyped_data());
   const int64_t n = ids.dimensions()[0];
-  const int64_t buckets = keys.dimensions()[0] / bucket_size;
+  const int64_t buckets = hash::PairRows(keys) / bucket_size;
   ParallelFor(pool, n, 256, [=](int64_t i0, int64_t i1) {
     int64_t b[kBlock];
     for (int64_t i = i0; i < i1; i += kBlock) {

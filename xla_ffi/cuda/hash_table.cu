@@ -109,7 +109,7 @@ ffi::Error HashFindCudaImpl(cudaStream_t stream, ffi::AnyBuffer keys, ffi::AnyBu
   ffi::Error err = CheckHashFind(keys, scores, ids, step, *slots, bucket_size, ttl);
   if (err.failure()) return err;
   const int64_t n = ids.dimensions()[0];
-  const int64_t buckets = keys.dimensions()[0] / bucket_size;
+  const int64_t buckets = hash::PairRows(keys) / bucket_size;
   if (n > 0) {
     HashFindKernel<<<GridFor(n, 256), 256, 0, stream>>>(
         static_cast<const uint32_t*>(keys.untyped_data()),

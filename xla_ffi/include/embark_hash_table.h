@@ -56,20 +56,28 @@ struct Table {
   int32_t step;
 };
 
+// Rows of a [..., R, 2] word-pair array (keys, scores, candidates): its leading dimensions
+// all count, so a shard_map block [1, C, 2] is updated as it is (a reshape would make XLA
+// copy the aliased buffer).
+template <typename B>
+inline int64_t PairRows(const B& b) {
+  return static_cast<int64_t>(b.element_count()) / 2;
+}
+
 // The table over find_or_insert's outputs (they alias its inputs: the kernels update them in
 // place); the candidate count comes from the candidate buffer [B * A, 2].
 inline Table TableOver(ffi::Result<ffi::AnyBuffer>& keys, ffi::Result<ffi::AnyBuffer>& scores,
                        ffi::Result<ffi::AnyBuffer>& cand_keys,
                        ffi::Result<ffi::AnyBuffer>& cand_scores, int64_t bucket_size,
                        int64_t threshold, int64_t ttl, int64_t eviction, int32_t step) {
-  const int64_t buckets = keys->dimensions()[0] / bucket_size;
+  const int64_t buckets = PairRows(*keys) / bucket_size;
   return Table{static_cast<uint32_t*>(keys->untyped_data()),
                static_cast<int32_t*>(scores->untyped_data()),
                static_cast<uint32_t*>(cand_keys->untyped_data()),
                static_cast<int32_t*>(cand_scores->untyped_data()),
                buckets,
                bucket_size,
-               cand_keys->dimensions()[0] / buckets,
+               PairRows(*cand_keys) / buckets,
                threshold,
                ttl,
                eviction,
@@ -247,13 +255,19 @@ inline void PrefetchBucket(const uint32_t* keys, int64_t b, int64_t bucket_size)
 
 // --- Operand contracts (CPU and CUDA handlers) ---------------------------------------------
 
-// The table operands shared by both targets: keys [C, 2] uint32, scores [C, 2] int32, ids
-// [N, 2] uint32, step [] int32, slots [N] int32; bucket_size divides C; ttl >= 0.
+// A word-pair state array: rank >= 2 ([..., C, 2], leading dimensions count as rows: see
+// PairRows), its last dimension 2.
+inline Check& PairArray(Check& c, const char* name, const ffi::AnyBuffer& b, const char* what) {
+  if (b.dimensions().size() < 2) return c.Rank(name, b, 2, "[..., C, 2]");
+  return c.Dim(name, b, b.dimensions().size() - 1, 2, what);
+}
+
+// The table operands shared by both targets: keys [..., C, 2] uint32, scores of its shape
+// int32, ids [N, 2] uint32, step [] int32, slots [N] int32; bucket_size divides C; ttl >= 0.
 inline void CheckHashTableOperands(Check& c, const ffi::AnyBuffer& keys,
                                    const ffi::AnyBuffer& scores, const ffi::AnyBuffer& ids,
                                    const ffi::AnyBuffer& step, const ffi::AnyBuffer& slots) {
-  c.Rank("keys", keys, 2, "[C, 2]")
-      .Dim("keys", keys, 1, 2, "the (lo, hi) words of each id")
+  PairArray(c, "keys", keys, "the (lo, hi) words of each id")
       .Type("keys", keys.element_type(), ffi::DataType::U32)
       .SameShape("scores", scores, keys, "one (last step, times seen) per slot")
       .Type("scores", scores.element_type(), ffi::DataType::S32)
@@ -269,7 +283,7 @@ inline void CheckHashTableOperands(Check& c, const ffi::AnyBuffer& keys,
 
 inline ffi::Error CheckHashAttrs(const char* kernel, const ffi::AnyBuffer& keys,
                                  int64_t bucket_size, int64_t ttl) {
-  const int64_t cap = keys.dimensions()[0];
+  const int64_t cap = hash::PairRows(keys);
   if (bucket_size < 1 || cap % bucket_size != 0 || cap == 0) {
     return InvalidArgument(std::string(kernel) + ": attribute bucket_size must be >= 1 and " +
                            "divide the capacity " + std::to_string(cap) + " (> 0), got " +
@@ -309,8 +323,7 @@ inline ffi::Error CheckHashFindOrInsert(
   const char* k = "hash_find_or_insert";
   Check c(k);
   CheckHashTableOperands(c, keys, scores, ids, step, slots);
-  c.Rank("cand_keys", cand_keys, 2, "[B * A, 2]")
-      .Dim("cand_keys", cand_keys, 1, 2, "the (lo, hi) words of each candidate")
+  PairArray(c, "cand_keys", cand_keys, "the (lo, hi) words of each candidate")
       .Type("cand_keys", cand_keys.element_type(), ffi::DataType::U32)
       .SameShape("cand_scores", cand_scores, cand_keys, "one score per candidate")
       .Type("cand_scores", cand_scores.element_type(), ffi::DataType::S32)
@@ -332,8 +345,8 @@ inline ffi::Error CheckHashFindOrInsert(
   if (c.failed()) return c.error();
   ffi::Error err = CheckHashAttrs(k, keys, bucket_size, ttl);
   if (err.failure()) return err;
-  const int64_t buckets = keys.dimensions()[0] / bucket_size;
-  const int64_t cands = cand_keys.dimensions()[0];
+  const int64_t buckets = hash::PairRows(keys) / bucket_size;
+  const int64_t cands = hash::PairRows(cand_keys);
   if (threshold < 1) {
     return InvalidArgument(std::string(k) + ": attribute threshold must be >= 1, got " +
                            std::to_string(threshold));
