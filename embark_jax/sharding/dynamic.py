@@ -122,11 +122,19 @@ class DynamicShards:
     config: DynamicConfig
     mesh: jax.sharding.Mesh
     optimizers: Mapping[str, SparseOptimizer]
+    _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         missing = sorted({t.name for t in self.config.tables} - set(self.optimizers))
         if missing:
             raise ValueError(f"DynamicShards: no optimizer for dynamic tables {missing}")
+
+    def _jitted(self, key, make):
+        """`jax.jit(make())`, made once per key: called eagerly, a step compiles once
+        (inside a caller's jit it is inlined)."""
+        if key not in self._cache:
+            self._cache[key] = jax.jit(make())
+        return self._cache[key]
 
     @property
     def axis_names(self) -> tuple[str, ...]:
@@ -143,8 +151,10 @@ class DynamicShards:
     # --- state ---------------------------------------------------------------------------
 
     def init(self) -> dict[str, DynamicTableState]:
-        """Empty shards of every table, made on their devices (no host copy)."""
-        sharding = NamedSharding(self.mesh, self.spec)
+        """Empty shards of every table, made on their devices (no host copy). Arrays of no
+        elements (the candidates without admission) are replicated, as a compiled step
+        returns them, so that the first step's state matches the next one's (one compile)."""
+        sharded, replicated = NamedSharding(self.mesh, self.spec), NamedSharding(self.mesh, P())
 
         def make():
             out = {}
@@ -155,7 +165,9 @@ class DynamicShards:
                 )
             return out
 
-        return jax.jit(make, out_shardings=sharding)()
+        shapes = jax.eval_shape(make)
+        shardings = jax.tree.map(lambda x: sharded if x.size else replicated, shapes)
+        return jax.jit(make, out_shardings=shardings)()
 
     # --- lookup --------------------------------------------------------------------------
 
@@ -181,8 +193,11 @@ class DynamicShards:
             return outputs, new_states, residuals, jax.lax.psum(jnp.stack(counts), self.axis_names)
 
         spec = self.spec
-        run = jax.shard_map(
-            body, mesh=self.mesh, in_specs=(spec, spec, P()), out_specs=(spec, spec, spec, P())
+        run = self._jitted(
+            ("lookup", b_local, train),
+            lambda: jax.shard_map(
+                body, mesh=self.mesh, in_specs=(spec, spec, P()), out_specs=(spec, spec, spec, P())
+            ),
         )
         return DynamicLookup(*run(dict(states), dict(ids), step))
 
@@ -285,8 +300,11 @@ class DynamicShards:
             return staged, bad == 0
 
         spec = self.spec
-        run = jax.shard_map(
-            body, mesh=self.mesh, in_specs=(spec, spec, spec, P(), P()), out_specs=(spec, P())
+        run = self._jitted(
+            ("stage", b_local),
+            lambda: jax.shard_map(
+                body, mesh=self.mesh, in_specs=(spec, spec, spec, P(), P()), out_specs=(spec, P())
+            ),
         )
         return run(dict(states), dict(residuals), dict(grads), step, seed)
 
@@ -334,7 +352,10 @@ class DynamicShards:
             return out
 
         spec = self.spec
-        run = jax.shard_map(
-            body, mesh=self.mesh, in_specs=(spec, spec, spec, P()), out_specs=spec
+        run = self._jitted(
+            ("commit",),
+            lambda: jax.shard_map(
+                body, mesh=self.mesh, in_specs=(spec, spec, spec, P()), out_specs=spec
+            ),
         )
         return run(dict(states), dict(residuals), dict(staged), jnp.asarray(commit, bool))

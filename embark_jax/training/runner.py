@@ -78,9 +78,9 @@ class StepResult:
 class Totals:
     """Sums over the steps a runner ran (host copies of the device metrics): steps run and
     committed, the committed steps' losses, their predictions' AUC / log loss (`auc`), and
-    per table the ids lost to a capacity (`overflow`; a dynamic table's: dropped by a full
-    bucket or a routing bucket) and outside their table (`invalid`), and per dynamic table
-    its counts by name (`dynamic`, `sharding.dynamic.COUNT_NAMES`)."""
+    per fixed table the ids lost to a capacity (`overflow`) and outside their table
+    (`invalid`), and per dynamic table its counts by name (`dynamic`,
+    `sharding.dynamic.COUNT_NAMES`: its lost ids are `dropped` + `overflow`)."""
 
     steps: int
     applied: int
