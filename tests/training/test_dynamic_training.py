@@ -145,3 +145,23 @@ def test_bad_dynamic_batches_are_one_line_errors():
         )
         _setup(clash)
     assert jax.tree.leaves(state.dynamic)
+
+
+def test_a_checkpoint_never_leaves_dynamic_tables_out(tmp_path):
+    from embark_jax.training import checkpoint as ckpt
+
+    setup, state = _setup(_dynamic())
+    with pytest.raises(NotImplementedError, match=r"dynamic tables \['hashed'\] are not saved"):
+        ckpt.save(str(tmp_path), setup, state)
+    assert not any(tmp_path.iterdir())
+
+
+def test_readme_dynamic_training_example_runs(tmp_path):
+    from tests.test_readme import readme_python_blocks, run_clean
+
+    blocks = [b for b in readme_python_blocks() if "DynamicConfig(" in b]
+    assert len(blocks) == 1
+    r = run_clean(blocks[0], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    want = blocks[0].splitlines()[-1].lstrip("# ")  # the comment shows the output
+    assert r.stdout.strip().splitlines()[-1] == want
