@@ -33,7 +33,7 @@ import ml_dtypes
 import numpy as np
 
 from embark_jax.core.choice import Choice
-from embark_jax.core.specs import Combiner
+from embark_jax.core.specs import Combiner, check_tables_and_features
 
 __all__ = [
     "EMPTY_WORD",
@@ -260,20 +260,7 @@ class DynamicConfig:
             for x in items:
                 if not isinstance(x, cls):
                     raise ValueError(f"dynamic {kind}s must be {cls.__name__}s, got {x!r}")
-            names = [x.name for x in items]
-            dup = sorted({n for n in names if names.count(n) > 1})
-            if dup:
-                raise ValueError(f"dynamic {kind} names must be unique, repeated: {dup}")
-        tables = {t.name for t in self.tables}
-        for f in self.features:
-            if f.table not in tables:
-                raise ValueError(
-                    f"dynamic feature {f.name!r}: table {f.table!r} is not a dynamic table "
-                    f"(known: {sorted(tables)})"
-                )
-        unused = sorted(tables - {f.table for f in self.features})
-        if unused:
-            raise ValueError(f"dynamic tables {unused} are looked up by no feature")
+        check_tables_and_features(self.tables, self.features, "dynamic ")
 
     def table(self, name: str) -> DynamicTableConfig:
         return next(t for t in self.tables if t.name == name)

@@ -20,6 +20,7 @@ __all__ = [
     "Combiner",
     "EmbeddingConfig",
     "FeatureConfig",
+    "check_tables_and_features",
     "TableConfig",
     "as_dtype",
     "table_dirname",
@@ -231,19 +232,7 @@ class EmbeddingConfig:
         object.__setattr__(self, "features", tuple(self.features))
         if not self.tables:
             raise ValueError("EmbeddingConfig needs at least one table")
-        _check_unique("table", [t.name for t in self.tables])
-        _check_unique("feature", [f.name for f in self.features])
-        names = {t.name for t in self.tables}
-        for f in self.features:
-            if f.table not in names:
-                raise ValueError(
-                    f"feature {f.name!r} looks up unknown table {f.table!r}; "
-                    f"known tables: {sorted(names)}"
-                )
-        used = {f.table for f in self.features}
-        unused = sorted(names - used)
-        if unused:
-            raise ValueError(f"tables not looked up by any feature: {unused}")
+        check_tables_and_features(self.tables, self.features)
 
     @property
     def table_by_name(self) -> Mapping[str, TableConfig]:
@@ -265,6 +254,23 @@ class EmbeddingConfig:
         cls, tables: Sequence[TableConfig], features: Sequence[FeatureConfig]
     ) -> EmbeddingConfig:
         return cls(tables=tuple(tables), features=tuple(features))
+
+
+def check_tables_and_features(tables: Sequence, features: Sequence, kind: str = "") -> None:
+    """Table and feature names unique, every feature's table among `tables`, every table
+    looked up (`kind`: a prefix of the messages' nouns, e.g. "dynamic ")."""
+    _check_unique(f"{kind}table", [t.name for t in tables])
+    _check_unique(f"{kind}feature", [f.name for f in features])
+    names = {t.name for t in tables}
+    for f in features:
+        if f.table not in names:
+            raise ValueError(
+                f"{kind}feature {f.name!r} looks up unknown {kind}table {f.table!r}; "
+                f"known {kind}tables: {sorted(names)}"
+            )
+    unused = sorted(names - {f.table for f in features})
+    if unused:
+        raise ValueError(f"{kind}tables not looked up by any feature: {unused}")
 
 
 def _check_unique(kind: str, names: Sequence[str]) -> None:
