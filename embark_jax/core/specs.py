@@ -20,9 +20,9 @@ __all__ = [
     "Combiner",
     "EmbeddingConfig",
     "FeatureConfig",
-    "check_tables_and_features",
     "TableConfig",
     "as_dtype",
+    "check_tables_and_features",
     "table_dirname",
 ]
 

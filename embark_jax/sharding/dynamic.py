@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 EMPTY = jnp.uint32(hash_table.EMPTY)  # both words of the padding id
-COUNT_NAMES = tuple(c.name.lower() for c in abi.HashCount) + ("overflow",)
+COUNT_NAMES = (*tuple(c.name.lower() for c in abi.HashCount), "overflow")
 
 
 class DynamicResiduals(NamedTuple):

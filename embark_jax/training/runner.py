@@ -36,8 +36,8 @@ from embark_jax.core.options import OverflowPolicy
 from embark_jax.data.batch import Batch
 from embark_jax.sharding import hlo_bytes
 from embark_jax.sharding.capacity import grow_capacities
-from embark_jax.sharding.dynamic import COUNT_NAMES
 from embark_jax.sharding.checks import CapacityOverflowError, InvalidIdError
+from embark_jax.sharding.dynamic import COUNT_NAMES
 from embark_jax.training.metrics import DeviceMetrics, HostSums, StreamingAUC
 from embark_jax.training.state import TrainSetup, TrainState, with_plan
 from embark_jax.training.step import (

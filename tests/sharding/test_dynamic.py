@@ -120,14 +120,16 @@ def test_unique_words_matches_numpy(rng):
     assert sorted(join_key_words(uniq[:k]).view(np.uint64)) == sorted(want.view(np.uint64))
     assert (uniq[k:] == 0xFFFFFFFF).all()
     np.testing.assert_array_equal(inv == -1, raw == -1)
-    np.testing.assert_array_equal(join_key_words(uniq[np.maximum(inv, 0)])[raw != -1], raw[raw != -1])
+    np.testing.assert_array_equal(
+        join_key_words(uniq[np.maximum(inv, 0)])[raw != -1], raw[raw != -1]
+    )
 
 
 def test_eight_devices_match_one():
     """Outputs every step and the trained table (each id's row and optimizer slot) are the
     same on 8 shards as on 1 shard of 8x the capacity (nothing evicted in either)."""
     s8, s1 = _shards(8), _shards(1, scale=8)
-    st8, out8, c8 = _train(s8)
+    st8, out8, _c8 = _train(s8)
     st1, out1, c1 = _train(s1)
     for a, b in zip(out8, out1, strict=True):
         for k in a:
@@ -187,7 +189,9 @@ def test_bad_ids_are_one_line_errors():
     shards = _shards(8)
     states = shards.init()
     ids = _batch(np.random.default_rng(0), shards.mesh)
-    with pytest.raises(ValueError, match=r"features \['clicked', 'user'\] given, \['clicked', 'user', 'viewed'\]"):
+    with pytest.raises(
+        ValueError, match=r"features \['clicked', 'user'\] given, \['clicked', 'user', 'viewed'\]"
+    ):
         shards.lookup(states, {k: v for k, v in ids.items() if k != "viewed"}, 0)
     bad = dict(ids, user=ids["user"].astype(jnp.int32))
     with pytest.raises(ValueError, match=r"dynamic feature 'user': ids must be uint32 \[B, 1, 2\]"):
@@ -197,7 +201,9 @@ def test_bad_ids_are_one_line_errors():
         shards.lookup(states, odd, 0)
     with pytest.raises(ValueError, match=r"no optimizer for dynamic tables \['items'\]"):
         DynamicShards(CONFIG, _mesh(8), {"users": RowWiseAdagrad(learning_rate=0.1)})
-    with pytest.raises(ValueError, match=r"dynamic feature 'f': combiner must be sum, mean or sqrtn"):
+    with pytest.raises(
+        ValueError, match=r"dynamic feature 'f': combiner must be sum, mean or sqrtn"
+    ):
         DynamicFeatureConfig(name="f", table="t", combiner="none")
 
 

@@ -133,7 +133,9 @@ def test_bad_dynamic_batches_are_one_line_errors():
     setup, state = _setup(_dynamic())
     runner = StepRunner(setup)
     b = next(_batches(1))
-    with pytest.raises(DataError, match=r"dynamic features: the batch has \[\], the model takes \['h'\]"):
+    with pytest.raises(
+        DataError, match=r"dynamic features: the batch has \[\], the model takes \['h'\]"
+    ):
         runner.place(dataclasses.replace(b, dynamic={}))
     wrong = dataclasses.replace(b, dynamic={"h": np.zeros((B, 1), np.int64)})
     with pytest.raises(DataError, match=r"dynamic feature 'h': ids must be uint32 \[32, 1, 2\]"):
