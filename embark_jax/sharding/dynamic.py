@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -168,6 +169,19 @@ class DynamicShards:
         shapes = jax.eval_shape(make)
         shardings = jax.tree.map(lambda x: sharded if x.size else replicated, shapes)
         return jax.jit(make, out_shardings=shardings)()
+
+    def place(self, host: DynamicTableState) -> DynamicTableState:
+        """Stacked host shards (numpy, every leaf `[G, ...]`, e.g. a restored checkpoint's)
+        on the mesh, sharded as `init` makes them; in several processes each one passes
+        the same arrays and places only its devices' shards."""
+
+        def put(x):
+            x = np.asarray(x)
+            spec = self.spec if x.size else P()
+            sharding = NamedSharding(self.mesh, spec)
+            return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+        return jax.tree.map(put, host)
 
     # --- lookup --------------------------------------------------------------------------
 

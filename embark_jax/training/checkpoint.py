@@ -54,6 +54,7 @@ from embark_jax.training.checkpoint_dir import (
     step_dir,
     table_dirname,
 )
+from embark_jax.training.dynamic_io import LogicalDynamicTable, export_logical, import_logical
 from embark_jax.training.loop import CallbackBase
 from embark_jax.training.runner import StepRunner
 from embark_jax.training.state import TrainSetup, TrainState, init_slots
@@ -189,7 +190,32 @@ def _write(setup: TrainSetup, state: TrainState, tmp: str, step: int) -> dict[st
             ckptr.save(os.path.join(tmp, "tables", table_dirname(tp.name)), arrays)
             ckptr.wait_until_finished()  # one table on the host at a time
             tables_meta[tp.name] = _table_meta(setup, tp.name, arrays, step)
+        for name, shards in state.dynamic.items():
+            tree = export_logical(shards, setup.dynamic.config.table(name)).as_tree()
+            ckptr.save(os.path.join(tmp, "dynamic", table_dirname(name)), tree)
+            ckptr.wait_until_finished()
+            tables_meta[name] = _dynamic_meta(setup.dynamic.config.table(name), tree, step)
     return tables_meta
+
+
+def _dynamic_fingerprint(tree: dict[str, Any]) -> str:
+    return fingerprint(
+        {"table": tree["values"], "slots": {k: v for k, v in tree.items() if k != "values"}}
+    )
+
+
+def _dynamic_meta(config, tree: dict[str, Any], step: int) -> dict:
+    """A dynamic table's entry in meta.json (its logical form: `training.dynamic_io`)."""
+    return {
+        "dynamic": True,
+        "dim": config.dim,
+        "dtype": str(np.dtype(config.dtype)),
+        "rows": int(tree["ids"].shape[0]),
+        "slots": sorted(k[5:] for k in tree if k.startswith("slot_")),
+        "dir": table_dirname(config.name),
+        "step": step,
+        "fingerprint": _dynamic_fingerprint(tree),
+    }
 
 
 def save(
@@ -211,12 +237,8 @@ def save(
     step = _count("step", int(state.step) if step is None else step, MAX_STEP)
     data_position = step if data_position is None else data_position
     data_position = _count("data_position", data_position, MAX_POSITION)
-    if state.dynamic:  # never a checkpoint that silently leaves them out
-        raise NotImplementedError(
-            f"checkpoint save: dynamic tables {sorted(state.dynamic)} are not saved by this "
-            "version (docs/design.md §11); nothing was written"
-        )
-    if not bool(all_finite(_dense_tree(state), state.tables, state.slots)):
+    dynamic_values = [s.values for s in state.dynamic.values()]
+    if not bool(all_finite(_dense_tree(state), state.tables, state.slots, dynamic_values)):
         raise FloatingPointError(f"refusing to save step {step}: the state holds NaN or inf")
     final = step_dir(directory, step)
     tag = multihost_utils.broadcast_one_to_all(np.int64(uuid.uuid4().int % (1 << 62)))
@@ -252,6 +274,7 @@ def save(
 def _check_tables(setup: TrainSetup, meta: dict, path: str) -> None:
     """Every mismatch between the checkpoint's tables and the model's, before any read."""
     saved_tables = field(meta, "tables", f"{path}/meta.json")
+    saved_tables = {k: v for k, v in saved_tables.items() if not v.get("dynamic")}  # own check
     lowered = setup.lowered
     configured = [tp.name for tp in lowered.plan.tables]
     extra = sorted(set(saved_tables) - set(configured))
@@ -360,6 +383,46 @@ def _read_all(ckptr, setup: TrainSetup, meta: dict, path: str) -> tuple[Any, dic
     return dense, tables, slots
 
 
+def _check_dynamic(setup: TrainSetup, meta: dict, path: str) -> tuple[dict, dict]:
+    """The checkpoint's and the setup's dynamic tables, by name; the same names, or a
+    `ValueError` before anything is read."""
+    saved = {k: v for k, v in meta["tables"].items() if v.get("dynamic")}
+    want = {t.name: t for t in (setup.dynamic.config.tables if setup.dynamic else ())}
+    if set(saved) != set(want):
+        raise ValueError(
+            f"checkpoint {path}: dynamic tables {sorted(saved)}, the setup has {sorted(want)}"
+        )
+    return saved, want
+
+
+def _read_dynamic(ckptr, setup: TrainSetup, meta: dict, path: str) -> dict[str, Any]:
+    """The dynamic tables of checkpoint `path` placed onto `setup`'s shards (rehashed: any
+    shard count); a table missing on either side, of another dim or dtype, copied from
+    another checkpoint or not fitting the new shards is a `ValueError` naming it."""
+    saved, want = _check_dynamic(setup, meta, path)
+    dyn = setup.dynamic
+    out = {}
+    for name, cfg in want.items():
+        m = saved[name]
+        if (m["dim"], m["dtype"]) != (cfg.dim, str(np.dtype(cfg.dtype))):
+            raise ValueError(
+                f"dynamic table {name!r}: checkpoint has dim {m['dim']} {m['dtype']}, the "
+                f"setup {cfg.dim} {np.dtype(cfg.dtype)}"
+            )
+        d = os.path.join(path, "dynamic", m["dir"])
+        tree = _read(f"dynamic table {name!r} ({d})", lambda d=d: ckptr.restore(d), d)
+        tree = {k: np.asarray(v) for k, v in tree.items()}
+        if _dynamic_fingerprint(tree) != m["fingerprint"]:
+            raise ValueError(
+                f"dynamic table {name!r}: {d} does not match the fingerprint recorded for step "
+                f"{meta['step']} (copied from another checkpoint, or damaged)"
+            )
+        logical = LogicalDynamicTable.from_tree(tree)
+        host = import_logical(logical, cfg, dyn.num_shards, dyn.optimizers[name])
+        out[name] = dyn.place(host)
+    return out
+
+
 def restore(
     directory: str, setup: TrainSetup, *, step: int | None = None
 ) -> tuple[TrainState, dict[str, Any]]:
@@ -383,9 +446,11 @@ def restore(
     except ValueError as e:  # PlanError included
         raise ValueError(f"checkpoint metadata {path}/meta.json: plan: {e}") from None
     _check_tables(setup, meta, path)
+    _check_dynamic(setup, meta, path)
     _check_dense(setup, meta, path)
     with ocp.StandardCheckpointer() as ckptr:  # closed on every path, a failed read too
         dense, tables, slots = _read_all(ckptr, setup, meta, path)
+        dynamic = _read_dynamic(ckptr, setup, meta, path)
     state = TrainState(
         step=jax.device_put(np.int32(meta["step"]), setup.replicated),
         dense_params=dense["params"],
@@ -393,6 +458,7 @@ def restore(
         tables=tables,
         slots=slots,
         rng=dense["rng"],
+        dynamic=dynamic,
     )
     meta["path"] = path
     meta["plan"] = plan

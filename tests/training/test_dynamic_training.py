@@ -149,13 +149,26 @@ def test_bad_dynamic_batches_are_one_line_errors():
     assert jax.tree.leaves(state.dynamic)
 
 
-def test_a_checkpoint_never_leaves_dynamic_tables_out(tmp_path):
+def test_a_checkpoint_restores_dynamic_tables_and_training_goes_on_the_same(tmp_path):
+    """Saved in logical form and rehashed on restore: the next step's loss and outputs are
+    those of the run that never stopped; a setup without the dynamic table is refused."""
     from embark_jax.training import checkpoint as ckpt
 
     setup, state = _setup(_dynamic())
-    with pytest.raises(NotImplementedError, match=r"dynamic tables \['hashed'\] are not saved"):
-        ckpt.save(str(tmp_path), setup, state)
-    assert not any(tmp_path.iterdir())
+    step = compile_train_step(setup)
+    batches = list(_batches(4))
+    for b in batches[:3]:
+        state, _ = step(state, b)
+    ckpt.save(str(tmp_path), setup, state)
+    restored, meta = ckpt.restore(str(tmp_path), setup)
+    assert meta["tables"]["hashed"]["rows"] > 40
+    _, want = step(state, batches[3])
+    _, got = step(restored, batches[3])
+    np.testing.assert_array_equal(np.asarray(got["loss"]), np.asarray(want["loss"]))
+    np.testing.assert_array_equal(np.asarray(got["dynamic"]), np.asarray(want["dynamic"]))
+    plain, _ = create(CFG, PLAN, dense=DENSE, sparse_optimizer=O.RowWiseAdagrad(learning_rate=0.5))
+    with pytest.raises(ValueError, match=r"dynamic tables \['hashed'\], the setup has \[\]"):
+        ckpt.restore(str(tmp_path), plain)
 
 
 def test_readme_dynamic_training_example_runs(tmp_path):
