@@ -51,6 +51,7 @@ from embark_jax.ops.hash_reference import shard_of
 from embark_jax.ops.hash_table import DynamicTableState
 from embark_jax.ops.optimizers import SparseOptimizer
 from embark_jax.sharding import routing
+from embark_jax.sharding.clusters.base import ClusterBase
 
 __all__ = [
     "COUNT_NAMES",
@@ -286,8 +287,7 @@ class DynamicShards:
             if f.combiner is not Combiner.SUM:
                 ids = jnp.where(inv >= 0, 0, -1)
                 denom = ops.reference.pool_denominator(ids, seg, b, None, f.combiner)
-                safe = jnp.where(denom > 0, denom, 1.0)
-                y = jnp.where((denom > 0)[:, None], y / safe[:, None], 0.0)
+                y = ClusterBase.apply_denominator(y, denom)
             out[f.name] = y
         return out
 

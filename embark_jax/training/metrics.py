@@ -166,6 +166,9 @@ class DeviceMetrics(NamedTuple):
     def add_step(self, metrics, labels) -> DeviceMetrics:
         """These sums plus one train step's `metrics` (`train_step`'s) on `labels`."""
         applied = metrics["applied"]
+        dynamic = self.dynamic
+        if "dynamic" in metrics:  # a model with dynamic tables
+            dynamic = dynamic + metrics["dynamic"].astype(jnp.uint32)
         out = self.add_predictions(labels, jax.nn.sigmoid(metrics["logits"]), applied)
         loss = jnp.stack(_kahan(*self.loss, jnp.where(applied, metrics["loss"], 0.0)))
         return out._replace(
@@ -174,7 +177,7 @@ class DeviceMetrics(NamedTuple):
             loss=loss,
             overflow=self.overflow + metrics["overflow"].astype(jnp.uint32),
             invalid=self.invalid + metrics["invalid"].astype(jnp.uint32),
-            dynamic=self.dynamic + metrics.get("dynamic", self.dynamic * 0).astype(jnp.uint32),
+            dynamic=dynamic,
         )
 
 

@@ -86,7 +86,7 @@ for case, pause, onto in (
             continue
         got = np.asarray(jax.block_until_ready(f(table, ids, seg)))
         masks = [allowed(tid) for tid in workers()]
-        # A worker that fell asleep (5 ms after the call, sooner than this thread read its
+        # A worker that fell asleep (kYield after the call, before this thread read its
         # mask on a busy machine) has its whole mask back, as it should: then try again.
         if all(where(t)[0] != "S" for t in workers()):
             break
