@@ -14,6 +14,7 @@ import threading
 import time
 import warnings
 
+from embark_jax.cli import train_dynamic
 from embark_jax.cli.errors import INTERRUPTED, CLIError, make_parent
 from embark_jax.cli.train_args import (  # noqa: F401  (re-exported for the CLI front)
     DEFAULT_BATCH,
@@ -24,16 +25,24 @@ from embark_jax.cli.train_args import (  # noqa: F401  (re-exported for the CLI 
 from embark_jax.cli.train_checks import check_args, check_devices
 
 
-def _datasets(args, config, say):
+def _datasets(args, config, say, dynamic=None, full=None):
     """(training dataset, evaluation batches) for --data. Criteo data holds out its last
-    `--eval-batches` batches for evaluation when it has at least twice that many samples."""
+    `--eval-batches` batches for evaluation when it has at least twice that many samples.
+    `dynamic`: the dynamic tables' features, served with their raw ids; `full`: the config
+    with them as fixed features (the preset's order: Criteo's columns; synthetic data
+    draws their ids from the preset's vocabularies)."""
     import jax
 
     kind, _, path = args.data.partition(":")
     if kind == "synthetic":
         from embark_jax.data.synthetic import SyntheticDataset
 
-        ds = SyntheticDataset(config, batch_size=args.batch_size, seed=args.seed)
+        ds = SyntheticDataset(
+            full if dynamic else config,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            dynamic_features=[f.name for f in dynamic.features] if dynamic else (),
+        )
         return ds, [ds.batch(10**7 + i) for i in range(args.eval_batches)]
     from embark_jax.data.batch import DataError
     from embark_jax.data.criteo import CriteoMultiHot, CriteoTSV
@@ -46,6 +55,8 @@ def _datasets(args, config, say):
             batch_size=args.batch_size,
             process_index=jax.process_index(),
             process_count=jax.process_count(),
+            dynamic=dynamic,
+            columns=[f.name for f in full.features] if dynamic else None,
         )
     except (OSError, ValueError) as e:
         raise CLIError(f"--data {args.data}: {e}") from None
@@ -132,7 +143,7 @@ def _agree_on_plan(ev, spec, hw):
     return ev
 
 
-def _build(args, config, plan):
+def _build(args, config, plan, dynamic=None):
     """The setup, initial state and step runner for the chosen plan."""
     import optax
 
@@ -164,6 +175,7 @@ def _build(args, config, plan):
         ),
         seed=args.seed,
         options=options,
+        dynamic=dynamic,
     )
     return StepRunner(setup), state
 
@@ -245,7 +257,8 @@ def _callbacks(args, runner, start, lead):
 
 def _prepare(args):
     """Devices, checks, model and plan: everything that can fail on a user mistake, before
-    anything is written. Returns (multi, g, spec, config, evaluation, say)."""
+    anything is written. Returns (multi, g, spec, evaluation, say, lead, full spec,
+    dynamic): `spec` is the preset's fixed part (all of it without --dynamic-tables)."""
     from embark_jax.training.distributed import initialize_from_env
 
     plan_file = check_args(args, DEFAULT_BATCH)
@@ -260,7 +273,8 @@ def _prepare(args):
     say = print if lead else (lambda *a, **k: None)
     g = len(jax.devices())
     check_devices(args, g, plan_file)
-    spec = _model_spec(args)
+    full = _model_spec(args)
+    spec, dynamic, _ = train_dynamic.split(args, full, g)
     topology = args.topology or ("h200" if jax.default_backend() == "gpu" else "local")
     hw = get_hardware(topology, args.nodes, g // args.nodes)
     if plan_file is not None:
@@ -273,7 +287,9 @@ def _prepare(args):
     hint = None if args.plan_out else "--plan-out plan.json"
     for line in plan_notes(ev, None, out_flag=hint, max_tables=12):
         say(line)
-    return multi, g, spec, ev, say, lead
+    if dynamic is not None:
+        say(train_dynamic.describe(dynamic, g))
+    return multi, g, spec, ev, say, lead, full, dynamic
 
 
 class _Position:
@@ -396,15 +412,15 @@ def _interrupted(args, position: _Position, start: int, callbacks) -> int:
 
 
 def run_train(args) -> int:
-    multi, g, spec, ev, say, lead = _prepare(args)
+    multi, g, spec, ev, say, lead, full, dynamic = _prepare(args)
     import jax
 
     from embark_jax.data.batch import DataError
     from embark_jax.training.loop import fit
 
     config = spec.embedding_config()
-    ds, eval_batches = _datasets(args, config, say)
-    runner, state = _build(args, config, ev.plan)
+    ds, eval_batches = _datasets(args, config, say, dynamic, full.embedding_config())
+    runner, state = _build(args, config, ev.plan, dynamic)
     state, start = _maybe_resume(args, runner, state, say)
     _check_first_batch(args, runner, ds, start)
     if lead and args.plan_out:
@@ -464,6 +480,7 @@ def run_train(args) -> int:
         "samples_per_s": summary.samples_per_s,
         "wall_s": time.perf_counter() - t0,
         "overflow": summary.overflow,
+        "dynamic": summary.dynamic,
         "invalid_ids": summary.invalid,
         "comm_bytes_per_step": runner.comm_bytes_per_step(state, ds.batch(0)),
         "predicted_step_ms": ev.step_s * 1e3,
@@ -490,3 +507,5 @@ def _report(result, say) -> None:
         f"{sum(result['overflow'].values())} ids  collectives "
         f"{result['comm_bytes_per_step']['total'] / 1e6:.2f} MB/step per device"
     )
+    for name, counts in result["dynamic"].items():
+        say(f"dynamic table {name}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))

@@ -15,6 +15,7 @@ from embark_jax.cli.errors import (
     positive_int,
     topology_name,
 )
+from embark_jax.cli.train_dynamic import add_dynamic_args
 
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 DEFAULT_BATCH = 1024
@@ -63,6 +64,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         f"else {DEFAULT_BATCH})",
     )
     _add_model_args(p)
+    add_dynamic_args(p)
     _add_output_args(p)
 
 

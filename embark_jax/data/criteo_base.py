@@ -6,10 +6,12 @@ from __future__ import annotations
 import copy
 import re
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from embark_jax.core.dynamic import DynamicConfig, key_words
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.batch import Batch
 from embark_jax.data.prefetch import Prefetcher
@@ -96,14 +98,11 @@ class CriteoBase:
         process_index: int = 0,
         process_count: int = 1,
         prefetch: int = 1,
+        dynamic: DynamicConfig | None = None,
+        columns: Sequence[str] | None = None,
         **options: Any,
     ):
-        features = list(config.features)
-        if len(features) != NUM_CATEGORICAL:
-            raise ValueError(
-                f"Criteo data has {NUM_CATEGORICAL} categorical features but the model has "
-                f"{len(features)} features; use a preset with {NUM_CATEGORICAL} tables"
-            )
+        features = _column_features(config, dynamic, columns)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if process_count < 1 or not 0 <= process_index < process_count:
@@ -117,8 +116,13 @@ class CriteoBase:
         self.num_dense = NUM_DENSE
         self.process_index = int(process_index)
         self.process_count = int(process_count)
+        self.dynamic = dynamic
         self._features = features
-        self._vocab = [config.table_by_name[f.table].vocab_size for f in features]
+        self._dynamic_names = frozenset(f.name for f in dynamic.features) if dynamic else ()
+        self._vocab = [
+            None if f.name in self._dynamic_names else config.table_by_name[f.table].vocab_size
+            for f in features
+        ]
         self._range = (0, 0)  # [lo, hi) of the underlying samples; set by the subclass
         self._prefetch_depth = int(prefetch)
         self._prefetcher = Prefetcher(self._global_batch, self._prefetch_depth)
@@ -179,8 +183,14 @@ class CriteoBase:
     def local_batch(self, step: int) -> Batch:
         """This process's rows of batch `step`, read from the data."""
         labels, dense, ids = self._read(self.sample_indices(step))
-        sparse = SparseFeatures.from_dense(ids, config=self.config)
-        return Batch(sparse=sparse, dense=dense, labels=labels)
+        return self._batch(labels, dense, ids)
+
+    def _batch(self, labels, dense, ids) -> Batch:
+        """The `Batch` of per-column ids: fixed ids to `sparse`, dynamic words to `dynamic`."""
+        fixed = {k: v for k, v in ids.items() if k not in self._dynamic_names}
+        words = {k: v for k, v in ids.items() if k in self._dynamic_names}
+        sparse = SparseFeatures.from_dense(fixed, config=self.config)
+        return Batch(sparse=sparse, dense=dense, labels=labels, dynamic=words)
 
     def _global_batch(self, step: int) -> Batch:
         if self.process_count == 1:
@@ -192,12 +202,12 @@ class CriteoBase:
         dense = np.zeros((b, NUM_DENSE), np.float32)
         dense[p * r : (p + 1) * r] = own_dense
         ids = {}
-        for name, x in own_ids.items():
-            full = np.full((b, x.shape[1]), PAD, np.int64)
+        for name, x in own_ids.items():  # other processes' rows: padding (-1, all-ones words)
+            fill = PAD if x.dtype.kind == "i" else np.iinfo(x.dtype).max
+            full = np.full((b, *x.shape[1:]), fill, x.dtype)
             full[p * r : (p + 1) * r] = x
             ids[name] = full
-        sparse = SparseFeatures.from_dense(ids, config=self.config)
-        return Batch(sparse=sparse, dense=dense, labels=labels)
+        return self._batch(labels, dense, ids)
 
     def batches(self, start: int = 0, num: int | None = None):
         step = start
@@ -238,10 +248,43 @@ class CriteoBase:
     def _labels(self, samples: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def _pad_ids(self, j: int, ids: np.ndarray) -> np.ndarray:
-        """Ids `[k, h]` of feature j fitted to its `max_hotness` (first ids kept, padded)."""
+    def _column_ids(self, j: int, raw: np.ndarray, empty: np.ndarray | None = None):
+        """Column j's raw ids `[k, h]` (uint64 or int64; `empty` marks empty slots) as its
+        feature takes them, fitted to its `max_hotness` (first ids kept, then padding): a
+        fixed table's `raw mod vocab_size` as int64 `[k, H]` (-1: empty), a dynamic table's
+        raw 64-bit ids as uint32 words `[k, H, 2]` (all ones: empty)."""
         h = self._features[j].max_hotness
-        if ids.shape[1] >= h:
-            return ids[:, :h]
-        pad = np.full((ids.shape[0], h - ids.shape[1]), PAD, ids.dtype)
-        return np.concatenate([ids, pad], axis=1)
+        raw = raw[:, :h]
+        if self._vocab[j] is None:
+            ids = raw.astype(np.uint64).view(np.int64) if raw.dtype == np.uint64 else raw
+            ids = ids.astype(np.int64)
+        else:
+            ids = (raw % raw.dtype.type(self._vocab[j])).astype(np.int64)
+        if empty is not None:
+            ids = np.where(empty[:, :h], PAD, ids)
+        if ids.shape[1] < h:
+            pad = np.full((ids.shape[0], h - ids.shape[1]), PAD, np.int64)
+            ids = np.concatenate([ids, pad], axis=1)
+        if self._vocab[j] is None:
+            return key_words(ids.reshape(-1)).reshape(*ids.shape, 2)
+        return ids
+
+
+def _column_features(config: EmbeddingConfig, dynamic, columns) -> list:
+    """The feature (fixed or dynamic) fed by each of the 26 categorical columns: `columns`
+    names them in column order (default: the config's features, then the dynamic ones)."""
+    if dynamic is not None and not isinstance(dynamic, DynamicConfig):
+        raise ValueError(f"dynamic must be a DynamicConfig, got {type(dynamic).__name__}")
+    by_name = {f.name: f for f in config.features}
+    by_name.update({f.name: f for f in (dynamic.features if dynamic else ())})
+    names = list(by_name) if columns is None else list(columns)
+    if len(names) != NUM_CATEGORICAL or len(by_name) != NUM_CATEGORICAL:
+        raise ValueError(
+            f"Criteo data has {NUM_CATEGORICAL} categorical features but the model has "
+            f"{len(by_name)} features; use a preset with {NUM_CATEGORICAL} tables"
+        )
+    if sorted(names) != sorted(by_name):
+        raise ValueError(
+            f"columns {names} must name each of the model's features {sorted(by_name)} once"
+        )
+    return [by_name[n] for n in names]

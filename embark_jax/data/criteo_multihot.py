@@ -13,7 +13,6 @@ import numpy as np
 
 from embark_jax.data.batch import DataError
 from embark_jax.data.criteo_base import NUM_CATEGORICAL, NUM_DENSE, CriteoBase
-from embark_jax.data.sparse import PAD
 
 __all__ = ["CriteoMultiHot"]
 
@@ -204,9 +203,9 @@ class CriteoMultiHot(CriteoBase):
                 if neg.any():
                     first = int(samples[np.flatnonzero(mask)[np.flatnonzero(neg.any(1))[0]]])
                     self._count_bad("negative_id", first, int(neg.sum()))
-                x = self._pad_ids(j, np.where(neg, PAD, x % self._vocab[j]))
+                x = self._column_ids(j, x, neg)
                 if raw[j] is None:
-                    raw[j] = np.empty((k, h), np.int64)
+                    raw[j] = np.empty((k, *x.shape[1:]), x.dtype)
                 raw[j][mask] = x
         ids = {f.name: raw[j] for j, f in enumerate(self._features)}
         return labels, dense, ids

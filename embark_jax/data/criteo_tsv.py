@@ -162,8 +162,7 @@ class CriteoTSV(CriteoBase):
                 ) from None
         ids = {}
         for j, f in enumerate(self._features):
-            col = (raw_cats[:, j] % np.uint64(self._vocab[j])).astype(np.int64)
-            ids[f.name] = self._pad_ids(j, col[:, None])
+            ids[f.name] = self._column_ids(j, raw_cats[:, j : j + 1])
         return labels, dense_transform(raw_dense), ids
 
     def _labels(self, samples):

@@ -16,10 +16,11 @@ from any step.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 
 import numpy as np
 
+from embark_jax.core.dynamic import key_words
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.batch import Batch
 from embark_jax.data.sparse import PAD, SparseFeatures
@@ -76,6 +77,10 @@ class SyntheticDataset:
       varying_lengths: if True each bag has a uniform random length in [1, max_hotness];
         otherwise every bag is full.
       seed: the stream's seed; batch `step` is a pure function of (seed, step).
+      dynamic_features: names of features of `config` served as dynamic-table ids instead
+        (`Batch.dynamic`, uint32 words `[B, H, 2]`, each id its own 64-bit key): the
+        stream is the same, and `fixed_config` (`config` without them and their tables)
+        is the config of the batches' `sparse` part.
     """
 
     def __init__(
@@ -87,10 +92,13 @@ class SyntheticDataset:
         num_dense: int = 13,
         varying_lengths: bool = False,
         seed: int = 0,
+        dynamic_features: Collection[str] = (),
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.config = config
+        self.dynamic_features = frozenset(dynamic_features)
+        self.fixed_config = _without(config, self.dynamic_features)
         self.batch_size = int(batch_size)
         self.num_dense = int(num_dense)
         self.varying_lengths = varying_lengths
@@ -142,8 +150,11 @@ class SyntheticDataset:
         logit = logit * 1.5 + dense @ self._dense_w
         logit = 2.5 * logit / math.sqrt(len(self.config.features) * 0.75 + 1.0)
         labels = (rng.random(b) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
-        sparse = SparseFeatures.from_dense(ids, config=self.config)
-        return Batch(sparse=sparse, dense=dense, labels=labels)
+        words = {
+            k: key_words(ids.pop(k).reshape(-1)).reshape(b, -1, 2) for k in self.dynamic_features
+        }
+        sparse = SparseFeatures.from_dense(ids, config=self.fixed_config)
+        return Batch(sparse=sparse, dense=dense, labels=labels, dynamic=words)
 
     def batches(self, start: int = 0, num: int | None = None) -> Iterator[Batch]:
         """Streams batches `start, start + 1, ...` (forever when `num` is None)."""
@@ -151,3 +162,15 @@ class SyntheticDataset:
         while num is None or step < start + num:
             yield self.batch(step)
             step += 1
+
+
+def _without(config: EmbeddingConfig, features: frozenset[str]) -> EmbeddingConfig:
+    """`config` without `features` and the tables only they look up."""
+    if not features:
+        return config
+    unknown = sorted(features - {f.name for f in config.features})
+    if unknown:
+        raise ValueError(f"dynamic_features {unknown} are not features of the config")
+    kept = [f for f in config.features if f.name not in features]
+    used = {f.table for f in kept}
+    return EmbeddingConfig.create([t for t in config.tables if t.name in used], kept)

@@ -64,6 +64,7 @@ class FitSummary:
     overflow: dict[str, int]
     invalid: dict[str, int]
     refused: int  # steps not applied (with `StepRunner(skip_nonfinite=True)`)
+    dynamic: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
 _STEP_ERRORS = (NonFiniteLossError, CapacityOverflowError, InvalidIdError)
@@ -126,6 +127,7 @@ def fit(
         overflow=totals.overflow,
         invalid=totals.invalid,
         refused=totals.refused,
+        dynamic=totals.dynamic,
     )
     return state, summary
 

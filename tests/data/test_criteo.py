@@ -20,7 +20,9 @@ import numpy as np
 import optax
 import pytest
 
+from embark_jax.core.dynamic import DynamicConfig, DynamicFeatureConfig, DynamicTableConfig
 from embark_jax.core.plan import Plan, TablePlan, Topology
+from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.batch import Batch
 from embark_jax.data.criteo import CriteoMultiHot, CriteoTSV, parse_tsv_line
 from embark_jax.data.sparse import PAD, SparseFeatures
@@ -69,8 +71,9 @@ def _good_line(rng) -> tuple[str, tuple]:
         + ["" if x is None else (x.upper() if rng.random() < 0.1 else x) for x in cats_raw]
     )
     dense = [math.log(1 + max(x, 0)) if x is not None else 0.0 for x in dense_raw]
-    ids = [int(c, 16) % v if c is not None else 0 for c, v in zip(cats_raw, VOCABS, strict=True)]
-    return text, (label, dense, ids)
+    raw = [int(c, 16) if c is not None else 0 for c in cats_raw]
+    ids = [r % v for r, v in zip(raw, VOCABS, strict=True)]
+    return text, (label, dense, ids, raw)
 
 
 def write_tsv(path, n_good=40, seed=0):
@@ -190,6 +193,94 @@ def test_two_processes_each_read_half_of_every_batch(tsv):
             assert all(np.all(np.asarray(x)[other] == PAD) for x in glob.sparse.ids.values())
     with pytest.raises(ValueError, match="multiple of the 3 processes"):
         CriteoTSV(path, CFG, batch_size=B, process_count=3)
+
+
+# --- dynamic tables: raw ids as 64-bit keys ---------------------------------------------------
+
+DYN_COLUMNS = (0, 3, 25)  # a hotness-3 column, a hotness-2 one and the last
+
+
+def _dynamic_split():
+    """(the fixed config without DYN_COLUMNS' features, their DynamicConfig)."""
+    names = {FEATURES[j] for j in DYN_COLUMNS}
+    fixed = EmbeddingConfig.create(
+        [t for t in CFG.tables if f"f_{t.name}" not in names],
+        [f for f in CFG.features if f.name not in names],
+    )
+    dyn = DynamicConfig(
+        tuple(
+            DynamicTableConfig(name=CFG.features[j].table, dim=8, capacity=64) for j in DYN_COLUMNS
+        ),
+        tuple(
+            DynamicFeatureConfig(
+                name=FEATURES[j], table=CFG.features[j].table, max_hotness=HOTNESS[j]
+            )
+            for j in DYN_COLUMNS
+        ),
+    )
+    return fixed, dyn
+
+
+def _words(raw_columns) -> np.ndarray:
+    """[k, H] raw ids (-1: empty) as [k, H, 2] uint32 words, low word first."""
+    u = np.asarray(raw_columns, np.int64).view(np.uint64)
+    return np.stack([u & np.uint64(0xFFFFFFFF), u >> np.uint64(32)], axis=-1).astype(np.uint32)
+
+
+def test_dynamic_columns_carry_raw_ids_and_fixed_ones_are_unchanged(tsv, multihot):
+    fixed, dyn = _dynamic_split()
+    path, samples, _ = tsv
+    directory, data = multihot
+    readers = [
+        (
+            CriteoTSV(path, fixed, batch_size=B, dynamic=dyn, columns=FEATURES),
+            CriteoTSV(path, CFG, batch_size=B),
+        ),
+        (
+            CriteoMultiHot(directory, fixed, batch_size=B, dynamic=dyn, columns=FEATURES),
+            CriteoMultiHot(directory, CFG, batch_size=B),
+        ),
+    ]
+    for k, (ds, plain) in enumerate(readers):
+        got, want = ds.batch(1), plain.batch(1)
+        rows = [(B + i) % ds.num_samples for i in range(B)]
+        assert sorted(got.dynamic) == sorted(FEATURES[j] for j in DYN_COLUMNS)
+        for j in DYN_COLUMNS:
+            raw = np.full((B, HOTNESS[j]), -1, np.int64)
+            if k == 0:  # TSV: the hex value's 64 bits (no modulo), one id a bag
+                raw[:, 0] = [np.uint64(samples[r][3][j]).view(np.int64) for r in rows]
+            else:  # multi-hot: the file's ids, the first max_hotness of each bag
+                src = data[2][j][rows][:, : HOTNESS[j]]
+                raw[:, : src.shape[1]] = src
+            np.testing.assert_array_equal(
+                got.dynamic[FEATURES[j]], _words(raw), err_msg=FEATURES[j]
+            )
+        assert sorted(got.sparse.ids) == sorted(f.name for f in fixed.features)
+        for name in got.sparse.ids:
+            np.testing.assert_array_equal(got.sparse.ids[name], want.sparse.ids[name])
+        np.testing.assert_array_equal(got.labels, want.labels)
+        got.validate(fixed, num_devices=1, num_dense=13, dynamic=dyn)
+        ds.close()
+        plain.close()
+    assert any(s[3][j] >= 2**32 for s in samples for j in DYN_COLUMNS)  # wide ids were read
+
+
+def test_dynamic_columns_other_process_rows_are_padding_and_bad_columns_refused(tsv):
+    fixed, dyn = _dynamic_split()
+    path, _, _ = tsv
+    ds = CriteoTSV(
+        path, fixed, batch_size=B, dynamic=dyn, columns=FEATURES, process_index=1, process_count=2
+    )
+    glob = ds.batch(0)
+    for x in glob.dynamic.values():
+        assert x.dtype == np.uint32 and np.all(x[: B // 2] == 0xFFFFFFFF)
+        assert not np.all(x[B // 2 :] == 0xFFFFFFFF)
+    glob.validate(fixed, num_devices=2, num_dense=13, dynamic=dyn)
+    ds.close()
+    with pytest.raises(ValueError, match="must name each of the model's features"):
+        CriteoTSV(path, fixed, batch_size=B, dynamic=dyn, columns=[*FEATURES[:-1], FEATURES[0]])
+    with pytest.raises(ValueError, match="26 categorical features but the model has 23"):
+        CriteoTSV(path, fixed, batch_size=B)
 
 
 # --- the multi-hot layout ----------------------------------------------------------------------

@@ -93,3 +93,23 @@ def test_batch_validate_names_a_bad_label_or_dense_value_and_its_sample():
     for batch, message in cases:
         with pytest.raises(DataError, match=message):
             batch.validate(CFG, num_devices=8, num_dense=dense.shape[1])
+
+
+def test_dynamic_features_are_the_same_ids_as_key_words():
+    plain = SyntheticDataset(CFG, batch_size=64, seed=5, varying_lengths=True)
+    dyn = SyntheticDataset(
+        CFG, batch_size=64, seed=5, varying_lengths=True, dynamic_features=["f_big"]
+    )
+    assert [t.name for t in dyn.fixed_config.tables] == ["small"]
+    x, y = plain.batch(3), dyn.batch(3)
+    assert sorted(y.sparse.ids) == ["f_small"] and sorted(y.dynamic) == ["f_big"]
+    words = y.dynamic["f_big"]
+    assert words.dtype == np.uint32 and words.shape == (64, 8, 2)
+    ids = x.sparse.ids["f_big"].astype(np.int64)  # -1 in empty slots: all-ones words
+    np.testing.assert_array_equal(words[..., 0], ids.view(np.uint64).astype(np.uint32))
+    np.testing.assert_array_equal(words[..., 1], (ids.view(np.uint64) >> 32).astype(np.uint32))
+    assert (ids == -1).any() and (words[ids == -1] == 0xFFFFFFFF).all()
+    np.testing.assert_array_equal(x.labels, y.labels)
+    np.testing.assert_array_equal(x.sparse.ids["f_small"], y.sparse.ids["f_small"])
+    with pytest.raises(ValueError, match=r"dynamic_features \['nope'\] are not features"):
+        SyntheticDataset(CFG, batch_size=8, dynamic_features=["nope"])
