@@ -49,6 +49,13 @@ at construction, naming the file, the day and the feature.
 Uncompressed archive members and `.npy` files are memory-mapped (only the rows of a batch are
 read); a compressed member is loaded whole into memory.
 
+**Dynamic tables** (`dynamic=DynamicConfig`, `columns=`): `columns` names the feature each
+of the 26 columns feeds, in column order (default: the config's features, then the dynamic
+ones); a dynamic table's column is not mapped: the TSV's hex value as a 64-bit id, the
+multi-hot files' ids as they are, served as `Batch.dynamic[name]` uint32 words `[B, H, 2]`
+(`core.dynamic.key_words`; empty slots and other processes' rows are all ones, padding).
+The all-ones id (hex `ffffffffffffffff`) is padding and reads zeros.
+
 **Processes.** With `process_count` n (from `jax.process_count()`), process p reads only
 rows `[p * B/n, (p + 1) * B/n)` of every global batch: `local_batch(step)`. `batch(step)`
 is the global-shaped batch the current `StepRunner` expects (it keeps each process's own
