@@ -102,7 +102,11 @@ def main(argv=None) -> dict:
         args.samples, args.steps, args.batch_size, args.eval_batches = 4096, 40, 128, 4
     out = pathlib.Path(
         args.out
-        or ("results/dynamic_criteo_auc_quick.json" if args.quick else "results/dynamic_criteo_auc.json")
+        or (
+            "results/dynamic_criteo_auc_quick.json"
+            if args.quick
+            else "results/dynamic_criteo_auc.json"
+        )
     )
     from embark_jax.planner import load_preset
 
