@@ -392,6 +392,13 @@ def _check_dynamic(setup: TrainSetup, meta: dict, path: str) -> tuple[dict, dict
         raise ValueError(
             f"checkpoint {path}: dynamic tables {sorted(saved)}, the setup has {sorted(want)}"
         )
+    for name, cfg in want.items():  # before the dense check: the dense inputs follow dims
+        m = saved[name]
+        if (m["dim"], m["dtype"]) != (cfg.dim, str(np.dtype(cfg.dtype))):
+            raise ValueError(
+                f"dynamic table {name!r}: checkpoint has dim {m['dim']} {m['dtype']}, the "
+                f"setup {cfg.dim} {np.dtype(cfg.dtype)}"
+            )
     return saved, want
 
 
@@ -404,11 +411,6 @@ def _read_dynamic(ckptr, setup: TrainSetup, meta: dict, path: str) -> dict[str, 
     out = {}
     for name, cfg in want.items():
         m = saved[name]
-        if (m["dim"], m["dtype"]) != (cfg.dim, str(np.dtype(cfg.dtype))):
-            raise ValueError(
-                f"dynamic table {name!r}: checkpoint has dim {m['dim']} {m['dtype']}, the "
-                f"setup {cfg.dim} {np.dtype(cfg.dtype)}"
-            )
         d = os.path.join(path, "dynamic", m["dir"])
         tree = _read(f"dynamic table {name!r} ({d})", lambda d=d: ckptr.restore(d), d)
         tree = {k: np.asarray(v) for k, v in tree.items()}

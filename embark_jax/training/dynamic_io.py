@@ -82,8 +82,34 @@ def _per_row(opt_state, capacity: int, lead: int) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v.ndim > lead and v.shape[lead] == capacity}
 
 
+def _check_state(state, config: DynamicTableConfig, where: str) -> None:
+    """`state` is stacked shards of `config`'s table: `[G, capacity, 2]` keys and
+    `[G, capacity, dim]` values of its dtype (a one-line `ValueError` otherwise)."""
+    if not isinstance(config, DynamicTableConfig):
+        raise ValueError(
+            f"{where}: config must be a DynamicTableConfig, got {type(config).__name__}"
+        )
+    if not isinstance(state, DynamicTableState):
+        raise ValueError(f"{where}: state must be a DynamicTableState, got {type(state).__name__}")
+    keys, values = np.shape(state.keys), np.shape(state.values)
+    want = (config.capacity, config.dim)
+    if len(keys) != 3 or len(values) != 3 or (keys[1], values[2]) != want:
+        raise ValueError(
+            f"{where}: table {config.name!r} has capacity {config.capacity} and dim "
+            f"{config.dim} per shard; the state holds keys {list(keys)} and values "
+            f"{list(values)} (stacked shards [G, capacity, ...] of another table?)"
+        )
+    if np.dtype(state.values.dtype) != np.dtype(config.dtype):
+        raise ValueError(
+            f"{where}: table {config.name!r} is {np.dtype(config.dtype)}, the state's values "
+            f"are {np.dtype(state.values.dtype)}"
+        )
+
+
 def export_logical(state: DynamicTableState, config: DynamicTableConfig) -> LogicalDynamicTable:
-    """The live entries of the stacked shards `state` (every leaf `[G, ...]`)."""
+    """The live entries of the stacked shards `state` (every leaf `[G, ...]`; one of
+    another capacity, dim or dtype than `config` is a one-line `ValueError`)."""
+    _check_state(state, config, "export_logical")
     keys, scores = _host(state.keys), _host(state.scores)
     steps = _host(state.step).reshape(-1)
     empty = (keys[..., 0] == EMPTY_WORD) & (keys[..., 1] == EMPTY_WORD)
@@ -188,6 +214,9 @@ def delta_since(
     """`(ids [K] int64, values [K, dim])`, sorted by id: the live rows seen by a training
     step `>= since_step` (an id a step looks up gets its row updated by that step, when the
     step commits), for serving or online training."""
+    _check_state(state, config, "delta_since")
+    if isinstance(since_step, bool) or not isinstance(since_step, int | np.integer):
+        raise ValueError(f"delta_since: since_step must be an int, got {since_step!r}")
     logical = export_logical(state, config)
     keep = logical.scores[:, 0] >= int(since_step)
     return logical.ids[keep], logical.values[keep]

@@ -86,3 +86,19 @@ def test_imports_that_do_not_fit_or_bad_input_are_one_line_errors(trained):
     with pytest.raises(ValueError, match=r"ids hold the padding id -1"):
         import_logical(padded, t, 8)
     assert LogicalDynamicTable.from_tree(logical.as_tree()).step == logical.step
+
+
+def test_export_and_delta_refuse_a_state_of_another_table(trained):
+    shards, states = trained
+    t = shards.config.tables[0]
+    state = states[t.name]
+    wider = DynamicTableConfig(name=t.name, dim=t.dim * 2, capacity=t.capacity)
+    for fn, args in ((export_logical, ()), (delta_since, (0,))):
+        with pytest.raises(ValueError, match=rf"^{fn.__name__}: table 'users' has capacity"):
+            fn(state, wider, *args)
+        with pytest.raises(ValueError, match=rf"^{fn.__name__}: table 'users' has capacity"):
+            fn(state, _grown(t, 2), *args)
+        with pytest.raises(ValueError, match=rf"^{fn.__name__}: state must be a DynamicTableState"):
+            fn(state._asdict(), t, *args)
+    with pytest.raises(ValueError, match=r"since_step must be an int, got 1.5"):
+        delta_since(state, t, 1.5)

@@ -169,6 +169,15 @@ def test_a_checkpoint_restores_dynamic_tables_and_training_goes_on_the_same(tmp_
     plain, _ = create(CFG, PLAN, dense=DENSE, sparse_optimizer=O.RowWiseAdagrad(learning_rate=0.5))
     with pytest.raises(ValueError, match=r"dynamic tables \['hashed'\], the setup has \[\]"):
         ckpt.restore(str(tmp_path), plain)
+    wide = _dynamic()
+    wide = dataclasses.replace(
+        wide, tables=(dataclasses.replace(wide.tables[0], dim=8),)
+    )  # the dense model's inputs change too: the dynamic table is named, not a dense param
+    with pytest.raises(
+        ValueError,
+        match=r"^dynamic table 'hashed': checkpoint has dim 4 float32, the setup 8 float32$",
+    ):
+        ckpt.restore(str(tmp_path), _setup(wide)[0])
 
 
 def test_readme_dynamic_training_example_runs(tmp_path):
