@@ -4,7 +4,8 @@ A dynamic table has no vocabulary: its feature's raw ids are its keys (Criteo TS
 64-bit value of the hex field, no `mod vocab_size`; synthetic data and the preprocessed
 multi-hot files: the ids as they are). The rest of the preset stays fixed-vocabulary and is
 planned as usual; the planner does not price the dynamic tables (every device holds one
-shard of each, routed by hash), so their memory is printed beside the plan.
+shard of each, routed by hash, or a whole copy of a small one), so their memory is printed
+beside the plan.
 """
 
 from __future__ import annotations
@@ -46,7 +47,16 @@ def add_dynamic_args(p: argparse.ArgumentParser) -> None:
         type=_capacity,
         default=None,
         help=f"rows per device of each dynamic table, a multiple of {BUCKET_SIZE} (default: "
-        "twice the preset's vocabulary over the devices, i.e. load 0.5 at that many ids)",
+        "twice the preset's vocabulary over the devices, i.e. load 0.5 at that many ids; a "
+        "replicated table's whole vocabulary, twice)",
+    )
+    p.add_argument(
+        "--dynamic-replicate-below",
+        type=_nonneg,
+        default=4096,
+        metavar="ROWS",
+        help="a dynamic table whose preset vocabulary is below ROWS is held whole on every "
+        "device (data-parallel: no all-to-all) instead of sharded; 0: none (default: 4096)",
     )
     p.add_argument(
         "--admission",
@@ -66,6 +76,12 @@ def add_dynamic_args(p: argparse.ArgumentParser) -> None:
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return int(text)
+
+
+def _nonneg(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
     return int(text)
 
 
@@ -111,9 +127,13 @@ def split(args, spec, num_devices: int):
     names = chosen(args, spec)
     if not names:
         return spec, None, columns
-    tables, features = [], []
+    tables, features, replicated = [], [], []
     for t in (t for t in spec.tables if t.name in names):
-        cap = args.dynamic_capacity or _default_capacity(t.vocab_size, num_devices)
+        whole = t.vocab_size < args.dynamic_replicate_below
+        if whole:
+            replicated.append(t.name)
+        share = 1 if whole else num_devices
+        cap = args.dynamic_capacity or _default_capacity(t.vocab_size, share)
         tables.append(
             DynamicTableConfig(
                 name=t.name,
@@ -134,7 +154,7 @@ def split(args, spec, num_devices: int):
             )
         )
     fixed = dataclasses.replace(spec, tables=tuple(t for t in spec.tables if t.name not in names))
-    return fixed, DynamicConfig(tuple(tables), tuple(features)), columns
+    return fixed, DynamicConfig(tuple(tables), tuple(features), tuple(replicated)), columns
 
 
 def _default_capacity(vocab: int, num_devices: int) -> int:
@@ -149,7 +169,8 @@ def describe(dynamic, num_devices: int) -> str:
     parts, total = [], 0
     for t in dynamic.tables:
         total += t.capacity * t.dim * np.dtype(t.dtype).itemsize
-        parts.append(f"{t.name} ({t.capacity} rows/device)")
+        where = "replicated" if dynamic.is_replicated(t.name) else "sharded"
+        parts.append(f"{t.name} ({t.capacity} rows/device, {where})")
     return (
         f"dynamic tables: {', '.join(parts)}; {t.eviction.value} eviction, admission at "
         f"{t.admission_threshold} sighting(s); {total / 2**20:.1f} MiB of rows per device "

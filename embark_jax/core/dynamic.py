@@ -245,10 +245,17 @@ class DynamicFeatureConfig:
 @dataclasses.dataclass(frozen=True)
 class DynamicConfig:
     """The dynamic tables of a model and the features that look them up: names unique
-    (tables and features), every feature's table among `tables`, every table used."""
+    (tables and features), every feature's table among `tables`, every table used.
+
+    `replicated`: names of tables held whole on every device (data-parallel, for small
+    tables: no all-to-all; every device inserts every device's ids in the same order, so
+    the replicas stay identical); the others are sharded by `shard_of`. A replicated
+    table's `capacity` is the whole table's, a sharded one's each shard's.
+    """
 
     tables: tuple[DynamicTableConfig, ...] = ()
     features: tuple[DynamicFeatureConfig, ...] = ()
+    replicated: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tables", tuple(self.tables))
@@ -261,12 +268,22 @@ class DynamicConfig:
                 if not isinstance(x, cls):
                     raise ValueError(f"dynamic {kind}s must be {cls.__name__}s, got {x!r}")
         check_tables_and_features(self.tables, self.features, "dynamic ")
+        replicated = self.replicated
+        if isinstance(replicated, str) or not all(isinstance(n, str) for n in replicated):
+            raise ValueError(f"dynamic replicated must be table names, got {replicated!r}")
+        object.__setattr__(self, "replicated", tuple(dict.fromkeys(replicated)))
+        unknown = sorted(set(self.replicated) - {t.name for t in self.tables})
+        if unknown:
+            raise ValueError(f"dynamic replicated tables {unknown} are not dynamic tables")
 
     def table(self, name: str) -> DynamicTableConfig:
         return next(t for t in self.tables if t.name == name)
 
     def features_of(self, table: str) -> tuple[DynamicFeatureConfig, ...]:
         return tuple(f for f in self.features if f.table == table)
+
+    def is_replicated(self, table: str) -> bool:
+        return table in self.replicated
 
 
 def key_words(ids: Any) -> np.ndarray:

@@ -21,6 +21,12 @@ VJP), and the owner stages the fused sparse update of those slots
 (`ops.stage_backward_update`, duplicates across sources merged); `commit` writes the staged
 rows in place once the step's verdict is known.
 
+A table in `DynamicConfig.replicated` is held whole on every device instead (data-parallel,
+for small tables): each device's unique ids are all-gathered, every device runs
+`find_or_insert` on all of them in device order (the same ids in the same order: the
+replicas stay identical) and reads its own ids' rows locally; the backward all-gathers the
+gradient rows and every device stages the same update. No all-to-all, no routing capacity.
+
 Membership is not transactional: the keys, scores, admission candidates and the fresh rows
 of inserted ids change in the lookup, before the verdict (they depend on the ids alone, and
 a step retried with the same ids finds them again); the values and optimizer slots of
@@ -70,6 +76,7 @@ class DynamicResiduals(NamedTuple):
 
     slots: jax.Array  # [G * capacity] owner: slot of each received id, -1: none
     send: jax.Array  # [n] requester: flat send slot of each unique id, -1: dropped or none
+    # (replicated: slots [G * n] of every device's unique ids; send [n] = 0..n-1)
     inv: dict[str, jax.Array]  # feature -> [b * H] unique index of each id, -1: padding
     seg: dict[str, jax.Array]  # feature -> [b * H] sample of each id
     marker: jax.Array  # int32 [k]: the lookup's read marker (the commit waits for it)
@@ -240,17 +247,30 @@ class DynamicShards:
         n = b_local * sum(f.max_hotness for f in self.config.features_of(table.name))
         return binomial_capacity(n, self.num_shards)
 
-    def _table_forward(self, t, state, local_ids, b, step, train):
-        feats = self.config.features_of(t.name)
-        words = jnp.concatenate([local_ids[f.name].reshape(-1, 2) for f in feats])
-        uniq, inv = unique_words(words)
+    def _route(self, t, uniq, b):
+        """(the ids this device serves `[m, 2]`, each unique id's place in the returned rows
+        `[n]` (-1: none), which unique ids were dropped `[n]`)."""
+        if self.config.is_replicated(t.name):  # every device serves every device's ids
+            gathered = jax.lax.all_gather(uniq, self.axis_names, tiled=True)
+            n = uniq.shape[0]
+            return gathered, jnp.arange(n, dtype=jnp.int32), jnp.zeros((n,), bool)
         valid = ~((uniq[:, 0] == EMPTY) & (uniq[:, 1] == EMPTY))
         dst = jnp.where(valid, shard_of(uniq, self.num_shards), -1)
         cap = self.capacity(t, b)
         payload = {"lo": (uniq[:, 0], EMPTY), "hi": (uniq[:, 1], EMPTY)}
         send, slot, dropped = routing.bucket(dst, self.num_shards, cap, payload)
         recv = [routing.exchange(send[k], self.axis_names).reshape(-1) for k in ("lo", "hi")]
-        received = jnp.stack(recv, axis=1)
+        return jnp.stack(recv, axis=1), slot, dropped
+
+    def _first_device(self) -> jax.Array:
+        """1 on the mesh's first device, 0 elsewhere (a replicated table counts once)."""
+        return (jax.lax.axis_index(self.axis_names) == 0).astype(jnp.int32)
+
+    def _table_forward(self, t, state, local_ids, b, step, train):
+        feats = self.config.features_of(t.name)
+        words = jnp.concatenate([local_ids[f.name].reshape(-1, 2) for f in feats])
+        uniq, inv = unique_words(words)
+        received, slot, dropped = self._route(t, uniq, b)
         if train:
             state, ins = hash_table.find_or_insert(
                 state, received, step, config=t, optimizer=self.optimizers[t.name]
@@ -259,6 +279,8 @@ class DynamicShards:
         else:
             slots = hash_table.find(state, received, config=t)
             hash_counts = jnp.zeros((len(abi.HashCount),), jnp.int32)
+        if self.config.is_replicated(t.name):
+            hash_counts = hash_counts * self._first_device()
         res_inv, res_seg, start = {}, {}, 0
         for f in feats:
             n = b * f.max_hotness
@@ -272,12 +294,22 @@ class DynamicShards:
         return out, state, res, jnp.concatenate([hash_counts, lost[None]])
 
     def _owner(self, t, values, res):
-        """One row per received slot (empty and refused slots read zeros)."""
-        rows = ops.lookup_pool(values, res.slots, None, 0, combiner="none")
+        """One row per received slot (empty and refused slots read zeros); replicated: one
+        row per unique id of this device (its part of the gathered ids)."""
+        slots = res.slots
+        if self.config.is_replicated(t.name):
+            n = res.send.shape[0]
+            me = jax.lax.axis_index(self.axis_names)
+            slots = jax.lax.dynamic_slice_in_dim(slots, me * n, n)
+            return ops.lookup_pool(values, slots, None, 0, combiner="none")
+        rows = ops.lookup_pool(values, slots, None, 0, combiner="none")
         return rows.reshape(self.num_shards, -1, t.dim)
 
     def _combine(self, t, owner_out, res, b):
-        recv = routing.exchange(owner_out, self.axis_names).reshape(-1, t.dim)
+        if self.config.is_replicated(t.name):  # the rows are here already
+            recv = owner_out.reshape(-1, t.dim)
+        else:
+            recv = routing.exchange(owner_out, self.axis_names).reshape(-1, t.dim)
         recv = recv.astype(jnp.float32)
         out = {}
         for f in self.config.features_of(t.name):
@@ -323,14 +355,18 @@ class DynamicShards:
         return run(dict(states), dict(residuals), dict(grads), step, seed)
 
     def _stage_table(self, t, state, res, grads, b, step, seed):
-        zeros = jax.lax.pcast(
-            jnp.zeros((self.num_shards, res.slots.shape[0] // self.num_shards, t.dim), t.dtype),
-            self.axis_names,
-            to="varying",
+        replicated = self.config.is_replicated(t.name)
+        shape = (
+            (res.send.shape[0], t.dim)
+            if replicated
+            else (self.num_shards, res.slots.shape[0] // self.num_shards, t.dim)
         )
+        zeros = jax.lax.pcast(jnp.zeros(shape, t.dtype), self.axis_names, to="varying")
         feats = self.config.features_of(t.name)
         _, vjp = jax.vjp(lambda o: self._combine(t, o, res, b), zeros)
         (g,) = vjp({f.name: grads[f.name].astype(jnp.float32) for f in feats})
+        if replicated:  # every device applies every device's gradient rows, in one order
+            g = jax.lax.all_gather(g, self.axis_names, tiled=True)
         stochastic = jnp.dtype(t.dtype) == jnp.bfloat16
         return ops.stage_backward_update(
             state.values,

@@ -420,7 +420,11 @@ def _read_dynamic(ckptr, setup: TrainSetup, meta: dict, path: str) -> dict[str, 
                 f"{meta['step']} (copied from another checkpoint, or damaged)"
             )
         logical = LogicalDynamicTable.from_tree(tree)
-        host = import_logical(logical, cfg, dyn.num_shards, dyn.optimizers[name])
+        if dyn.config.is_replicated(name):  # one whole table, copied to every device
+            one = import_logical(logical, cfg, 1, dyn.optimizers[name])
+            host = jax.tree.map(lambda x: np.broadcast_to(x, (dyn.num_shards, *x.shape[1:])), one)
+        else:
+            host = import_logical(logical, cfg, dyn.num_shards, dyn.optimizers[name])
         out[name] = dyn.place(host)
     return out
 

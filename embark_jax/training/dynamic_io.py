@@ -108,7 +108,8 @@ def _check_state(state, config: DynamicTableConfig, where: str) -> None:
 
 def export_logical(state: DynamicTableState, config: DynamicTableConfig) -> LogicalDynamicTable:
     """The live entries of the stacked shards `state` (every leaf `[G, ...]`; one of
-    another capacity, dim or dtype than `config` is a one-line `ValueError`)."""
+    another capacity, dim or dtype than `config` is a one-line `ValueError`). A replicated
+    table's `G` equal copies give each id once."""
     _check_state(state, config, "export_logical")
     keys, scores = _host(state.keys), _host(state.scores)
     steps = _host(state.step).reshape(-1)
@@ -118,6 +119,10 @@ def export_logical(state: DynamicTableState, config: DynamicTableConfig) -> Logi
         live &= (steps[:, None] - scores[..., 0]) <= config.ttl
     words = keys[live]
     order = np.lexsort((words[:, 0], words[:, 1]))  # (high, low): unsigned 64-bit order
+    ws = words[order]  # a replicated table's copies of an id: the first (they are equal)
+    first = np.ones(len(ws), bool)
+    first[1:] = np.any(ws[1:] != ws[:-1], axis=1)
+    order = order[first]
     slots = {
         k: _host(v)[live][order] for k, v in _per_row(state.opt_state, config.capacity, 1).items()
     }

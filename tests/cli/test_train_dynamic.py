@@ -53,6 +53,7 @@ def test_bad_choices_are_one_line_errors(value, message):
         ["--dynamic-capacity", "100"],
         ["--dynamic-capacity", "-32"],
         ["--admission", "0"],
+        ["--dynamic-replicate-below", "-1"],
         ["--eviction", "fifo"],
     ],
 )
@@ -70,8 +71,14 @@ def test_split_keeps_the_rest_fixed_and_sizes_capacity_from_the_vocabulary():
     assert [t.name for t in fixed.tables] == [f"t{i}" for i in range(26) if i not in (5, 20)]
     by = {t.name: t for t in dyn.tables}
     assert sorted(by) == ["t20", "t5"]
-    # twice the rows over 8 devices, whole buckets of 32: 20000 -> 5000 -> 5024; 3 -> 32
+    # twice the rows over 8 devices, whole buckets of 32: 20000 -> 5000 -> 5024; t5's 3 rows
+    # are below --dynamic-replicate-below (4096): held whole on every device, 6 -> 32
     assert by["t20"].capacity == 5024 and by["t5"].capacity == 32
+    assert dyn.replicated == ("t5",)
+    args = _args("--dynamic-tables", "t20,t7", "--dynamic-replicate-below", "0")
+    assert td.split(args, SPEC, 8)[1].replicated == ()
+    args = _args("--dynamic-tables", "t13", "--dynamic-replicate-below", "3000")
+    assert td.split(args, SPEC, 8)[1].tables[0].capacity == 4448  # 2 x 2209 rows, whole
     assert by["t20"].dim == 128 and by["t20"].admission_threshold == 3
     assert by["t20"].eviction.value == "lfu"
     feats = {f.table: f for f in dyn.features}
@@ -84,7 +91,9 @@ def test_split_keeps_the_rest_fixed_and_sizes_capacity_from_the_vocabulary():
 
 @pytest.mark.slow
 def test_two_processes_with_a_dynamic_table_resume_and_match_one_process(tmp_path):
-    common = [*SMALL, "--optimizer", "sgd", "--dynamic-tables", "2"]
+    # t0 (500 rows under --max-vocab 500) sharded, t8 (63 rows) replicated on every device
+    common = [*SMALL, "--optimizer", "sgd", "--dynamic-tables", "t0,t8"]
+    common += ["--dynamic-replicate-below", "100"]
     ckpt = tmp_path / "ckpt"
     launch = ["launch", "--nproc", "2", "--devices-per-proc", "2", "--", "train", *common]
     parts = []
@@ -99,7 +108,8 @@ def test_two_processes_with_a_dynamic_table_resume_and_match_one_process(tmp_pat
     single = json.loads((tmp_path / "s.json").read_text())
     assert parts[0]["processes"] == 2 and single["processes"] == 1
     assert parts[0]["losses"] + parts[1]["losses"] == pytest.approx(single["losses"], rel=1e-5)
-    for name in ("t0", "t1"):  # every count reported, and summed over the two runs the same
+    assert "t0 (256 rows/device, sharded), t8 (128 rows/device, replicated)" in r.stdout
+    for name in ("t0", "t8"):  # every count reported, and summed over the two runs the same
         counts = single["dynamic"][name]
         assert counts["inserted"] > 0 and counts["found"] > 0
         assert counts["dropped"] == counts["overflow"] == 0
