@@ -143,6 +143,22 @@ def _agree_on_plan(ev, spec, hw):
     return ev
 
 
+def _agree_on_dynamic(dynamic):
+    """Every process must place the dynamic tables alike: process 0's placements and
+    capacities (chosen on its calibration) are broadcast to the others."""
+    import jax
+
+    if dynamic is None or jax.process_count() == 1:
+        return dynamic
+    mine = {"replicated": list(dynamic.replicated)}
+    mine["capacity"] = {t.name: t.capacity for t in dynamic.tables}
+    agreed = json.loads(_broadcast_text(json.dumps(mine, sort_keys=True)))
+    tables = tuple(
+        dataclasses.replace(t, capacity=agreed["capacity"][t.name]) for t in dynamic.tables
+    )
+    return dataclasses.replace(dynamic, tables=tables, replicated=tuple(agreed["replicated"]))
+
+
 def _build(args, config, plan, dynamic=None):
     """The setup, initial state and step runner for the chosen plan."""
     import optax
@@ -274,9 +290,10 @@ def _prepare(args):
     g = len(jax.devices())
     check_devices(args, g, plan_file)
     full = _model_spec(args)
-    spec, dynamic, _ = train_dynamic.split(args, full, g)
     topology = args.topology or ("h200" if jax.default_backend() == "gpu" else "local")
     hw = get_hardware(topology, args.nodes, g // args.nodes)
+    spec, dynamic, _, choices = train_dynamic.split(args, full, hw)
+    dynamic = _agree_on_dynamic(dynamic)
     if plan_file is not None:
         try:
             plan_file.validate(spec.embedding_config())
@@ -288,7 +305,8 @@ def _prepare(args):
     for line in plan_notes(ev, None, out_flag=hint, max_tables=12):
         say(line)
     if dynamic is not None:
-        say(train_dynamic.describe(dynamic, g))
+        for line in train_dynamic.describe(dynamic, choices, g):
+            say(line)
     return multi, g, spec, ev, say, lead, full, dynamic
 
 

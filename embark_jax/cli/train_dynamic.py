@@ -3,16 +3,16 @@
 A dynamic table has no vocabulary: its feature's raw ids are its keys (Criteo TSV: the
 64-bit value of the hex field, no `mod vocab_size`; synthetic data and the preprocessed
 multi-hot files: the ids as they are). The rest of the preset stays fixed-vocabulary and is
-planned as usual; the planner does not price the dynamic tables (every device holds one
-shard of each, routed by hash, or a whole copy of a small one), so their memory is printed
-beside the plan.
+planned as usual, and the dynamic tables by `planner.dynamic.plan_dynamic`: each one sharded
+(routed by hash) or, when that is predicted faster and small enough, replicated on every
+device; capacity for its preset vocabulary's worth of distinct ids at load 0.5. Their
+choices, memory and predicted time are printed beside the plan.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import re
 
 from embark_jax.cli.errors import CLIError
@@ -53,10 +53,11 @@ def add_dynamic_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dynamic-replicate-below",
         type=_nonneg,
-        default=4096,
+        default=None,
         metavar="ROWS",
-        help="a dynamic table whose preset vocabulary is below ROWS is held whole on every "
-        "device (data-parallel: no all-to-all) instead of sharded; 0: none (default: 4096)",
+        help="hold a dynamic table whole on every device (data-parallel: no all-to-all) when "
+        "its preset vocabulary is below ROWS, else shard it; 0: shard all (default: the "
+        "planner chooses by predicted time, replicating only small tables)",
     )
     p.add_argument(
         "--admission",
@@ -118,22 +119,25 @@ def chosen(args, spec) -> list[str]:
     return picked
 
 
-def split(args, spec, num_devices: int):
+def split(args, spec, hw):
     """(the preset's fixed part, the `DynamicConfig` or None, the Criteo column order: the
-    preset's feature names)."""
+    preset's feature names, the planner's `DynamicChoice`s)."""
     from embark_jax.core.dynamic import DynamicConfig, DynamicFeatureConfig, DynamicTableConfig
+    from embark_jax.planner.dynamic import plan_dynamic
 
     columns = [f.name for f in spec.embedding_config().features]
     names = chosen(args, spec)
     if not names:
-        return spec, None, columns
+        return spec, None, columns, ()
+    specs = [_planner_table(t, spec) for t in spec.tables if t.name in names]
+    choices = _override(
+        args, plan_dynamic(specs, args.batch_size, hw, spec.slot_footprint), spec, hw
+    )
     tables, features, replicated = [], [], []
-    for t in (t for t in spec.tables if t.name in names):
-        whole = t.vocab_size < args.dynamic_replicate_below
-        if whole:
+    for t, choice in zip((t for t in spec.tables if t.name in names), choices, strict=True):
+        if choice.replicated:
             replicated.append(t.name)
-        share = 1 if whole else num_devices
-        cap = args.dynamic_capacity or _default_capacity(t.vocab_size, share)
+        cap = args.dynamic_capacity or choice.capacity
         tables.append(
             DynamicTableConfig(
                 name=t.name,
@@ -154,25 +158,65 @@ def split(args, spec, num_devices: int):
             )
         )
     fixed = dataclasses.replace(spec, tables=tuple(t for t in spec.tables if t.name not in names))
-    return fixed, DynamicConfig(tuple(tables), tuple(features), tuple(replicated)), columns
+    dynamic = DynamicConfig(tuple(tables), tuple(features), tuple(replicated))
+    return fixed, dynamic, columns, choices
 
 
-def _default_capacity(vocab: int, num_devices: int) -> int:
-    """Rows per device for twice `vocab` ids over the devices, in whole buckets."""
-    return max(1, math.ceil(2 * vocab / num_devices / BUCKET_SIZE)) * BUCKET_SIZE
+def _planner_table(t, spec):
+    """The planner's view of preset table `t` made dynamic: as many distinct ids as rows."""
+    from embark_jax.planner.dynamic import DynamicTableSpec
 
-
-def describe(dynamic, num_devices: int) -> str:
-    """One line: the dynamic tables, their rows and memory per device."""
-    import numpy as np
-
-    parts, total = [], 0
-    for t in dynamic.tables:
-        total += t.capacity * t.dim * np.dtype(t.dtype).itemsize
-        where = "replicated" if dynamic.is_replicated(t.name) else "sharded"
-        parts.append(f"{t.name} ({t.capacity} rows/device, {where})")
-    return (
-        f"dynamic tables: {', '.join(parts)}; {t.eviction.value} eviction, admission at "
-        f"{t.admission_threshold} sighting(s); {total / 2**20:.1f} MiB of rows per device "
-        f"(+ optimizer slots), on each of {num_devices} devices, not priced by the planner"
+    feature = next(f for f in spec.embedding_config().features if f.table == t.name)
+    return DynamicTableSpec(
+        name=t.name,
+        dim=t.dim,
+        hotness=t.hotness,
+        max_hotness=feature.max_hotness,
+        distinct_ids=t.vocab_size,
+        alpha=t.alpha,
+        dtype_bytes=t.dtype_bytes,
+        bucket_size=BUCKET_SIZE,
     )
+
+
+def _override(args, choices, spec, hw):
+    """`--dynamic-replicate-below ROWS`: the placement by vocabulary instead of the
+    planner's (priced the same way)."""
+    from embark_jax.planner.dynamic import dynamic_capacity, replicated_cost, sharded_cost
+
+    if args.dynamic_replicate_below is None:
+        return choices
+    out = []
+    for c in choices:
+        t = _planner_table(spec.table(c.name), spec)
+        whole = hw.num_devices > 1 and t.distinct_ids < args.dynamic_replicate_below
+        cap = dynamic_capacity(t, hw.num_devices, whole)
+        price = replicated_cost if whole else sharded_cost
+        reason = f"--dynamic-replicate-below {args.dynamic_replicate_below}"
+        out.append(
+            dataclasses.replace(
+                c,
+                replicated=whole,
+                capacity=cap,
+                cost=price(t, args.batch_size, hw, spec.slot_footprint, cap),
+                reason=("replicated: " if whole else "sharded: ") + reason,
+            )
+        )
+    return tuple(out)
+
+
+def describe(dynamic, choices, num_devices: int) -> list[str]:
+    """Lines for the plan summary: the dynamic tables' total, then one a table."""
+    memory = sum(c.cost.memory for c in choices)
+    step = sum(c.seconds for c in choices)
+    t = dynamic.tables[0]
+    lines = [
+        f"dynamic tables: {len(choices)} on each of {num_devices} devices, predicted "
+        f"{step * 1e3:.3f} ms a step beside the fixed tables', {memory / 2**20:.1f} MiB a "
+        f"device (rows, slots, keys, buffers); {t.eviction.value} eviction, admission at "
+        f"{t.admission_threshold} sighting(s)"
+    ]
+    for c, t in zip(choices, dynamic.tables, strict=True):
+        where = "replicated" if c.replicated else "sharded"
+        lines.append(f"  {t.name}: {where}, {t.capacity} rows/device -- {c.reason}")
+    return lines

@@ -24,7 +24,9 @@ rows in place once the step's verdict is known.
 A table in `DynamicConfig.replicated` is held whole on every device instead (data-parallel,
 for small tables): each device's unique ids are all-gathered, every device runs
 `find_or_insert` on all of them in device order (the same ids in the same order: the
-replicas stay identical) and reads its own ids' rows locally; the backward all-gathers the
+replicas stay identical) and reads its own ids' rows locally. A device sends at most
+`capacity` unique ids (more cannot all hold a slot; the rest count as `overflow`), so a
+small table moves little whatever the batch; the backward all-gathers the
 gradient rows and every device stages the same update. No all-to-all, no routing capacity.
 
 Membership is not transactional: the keys, scores, admission candidates and the fresh rows
@@ -76,7 +78,8 @@ class DynamicResiduals(NamedTuple):
 
     slots: jax.Array  # [G * capacity] owner: slot of each received id, -1: none
     send: jax.Array  # [n] requester: flat send slot of each unique id, -1: dropped or none
-    # (replicated: slots [G * n] of every device's unique ids; send [n] = 0..n-1)
+    # (replicated: slots [G * k] of every device's first k = min(n, capacity) unique ids;
+    # send [n]: 0..k-1, then -1)
     inv: dict[str, jax.Array]  # feature -> [b * H] unique index of each id, -1: padding
     seg: dict[str, jax.Array]  # feature -> [b * H] sample of each id
     marker: jax.Array  # int32 [k]: the lookup's read marker (the commit waits for it)
@@ -251,9 +254,12 @@ class DynamicShards:
         """(the ids this device serves `[m, 2]`, each unique id's place in the returned rows
         `[n]` (-1: none), which unique ids were dropped `[n]`)."""
         if self.config.is_replicated(t.name):  # every device serves every device's ids
-            gathered = jax.lax.all_gather(uniq, self.axis_names, tiled=True)
             n = uniq.shape[0]
-            return gathered, jnp.arange(n, dtype=jnp.int32), jnp.zeros((n,), bool)
+            k = min(n, t.capacity)  # more distinct ids than slots cannot all be held
+            gathered = jax.lax.all_gather(uniq[:k], self.axis_names, tiled=True)
+            index = jnp.arange(n, dtype=jnp.int32)
+            valid = ~((uniq[:, 0] == EMPTY) & (uniq[:, 1] == EMPTY))
+            return gathered, jnp.where(index < k, index, -1), valid & (index >= k)
         valid = ~((uniq[:, 0] == EMPTY) & (uniq[:, 1] == EMPTY))
         dst = jnp.where(valid, shard_of(uniq, self.num_shards), -1)
         cap = self.capacity(t, b)
@@ -298,9 +304,9 @@ class DynamicShards:
         row per unique id of this device (its part of the gathered ids)."""
         slots = res.slots
         if self.config.is_replicated(t.name):
-            n = res.send.shape[0]
+            k = slots.shape[0] // self.num_shards
             me = jax.lax.axis_index(self.axis_names)
-            slots = jax.lax.dynamic_slice_in_dim(slots, me * n, n)
+            slots = jax.lax.dynamic_slice_in_dim(slots, me * k, k)
             return ops.lookup_pool(values, slots, None, 0, combiner="none")
         rows = ops.lookup_pool(values, slots, None, 0, combiner="none")
         return rows.reshape(self.num_shards, -1, t.dim)
@@ -356,11 +362,8 @@ class DynamicShards:
 
     def _stage_table(self, t, state, res, grads, b, step, seed):
         replicated = self.config.is_replicated(t.name)
-        shape = (
-            (res.send.shape[0], t.dim)
-            if replicated
-            else (self.num_shards, res.slots.shape[0] // self.num_shards, t.dim)
-        )
+        k = res.slots.shape[0] // self.num_shards
+        shape = (k, t.dim) if replicated else (self.num_shards, k, t.dim)
         zeros = jax.lax.pcast(jnp.zeros(shape, t.dtype), self.axis_names, to="varying")
         feats = self.config.features_of(t.name)
         _, vjp = jax.vjp(lambda o: self._combine(t, o, res, b), zeros)

@@ -10,10 +10,12 @@ import pytest
 from embark_jax.cli import train_dynamic as td
 from embark_jax.cli.errors import CLIError
 from embark_jax.cli.train_args import add_train_args
-from embark_jax.planner import load_preset
+from embark_jax.planner import get_hardware, load_preset
 from tests.cli.test_train import SMALL, run
 
 SPEC = load_preset("dcnv2-mini")
+HW = get_hardware("h200", 1, 8)
+BATCH = ("--batch-size", "4096")
 
 
 def _args(*argv):
@@ -65,27 +67,29 @@ def test_bad_flag_values_are_refused_by_the_parser(argv, capsys):
 
 
 def test_split_keeps_the_rest_fixed_and_sizes_capacity_from_the_vocabulary():
-    args = _args("--dynamic-tables", "t20,t5", "--admission", "3", "--eviction", "lfu")
-    fixed, dyn, columns = td.split(args, SPEC, 8)
+    args = _args("--dynamic-tables", "t20,t5", "--admission", "3", "--eviction", "lfu", *BATCH)
+    fixed, dyn, columns, choices = td.split(args, SPEC, HW)
     assert columns == [f"f_t{i}" for i in range(26)]  # Criteo's column order: the preset's
     assert [t.name for t in fixed.tables] == [f"t{i}" for i in range(26) if i not in (5, 20)]
     by = {t.name: t for t in dyn.tables}
     assert sorted(by) == ["t20", "t5"]
     # twice the rows over 8 devices, whole buckets of 32: 20000 -> 5000 -> 5024; t5's 3 rows
-    # are below --dynamic-replicate-below (4096): held whole on every device, 6 -> 32
+    # the planner replicates (predicted faster, a tiny copy): held whole, 6 -> 32
     assert by["t20"].capacity == 5024 and by["t5"].capacity == 32
     assert dyn.replicated == ("t5",)
-    args = _args("--dynamic-tables", "t20,t7", "--dynamic-replicate-below", "0")
-    assert td.split(args, SPEC, 8)[1].replicated == ()
-    args = _args("--dynamic-tables", "t13", "--dynamic-replicate-below", "3000")
-    assert td.split(args, SPEC, 8)[1].tables[0].capacity == 4448  # 2 x 2209 rows, whole
+    assert [c.name for c in choices] == ["t5", "t20"] and choices[0].replicated
+    assert choices[0].replicated_s < choices[0].sharded_s and "replicated:" in choices[0].reason
+    args = _args("--dynamic-tables", "t20,t7", "--dynamic-replicate-below", "0", *BATCH)
+    assert td.split(args, SPEC, HW)[1].replicated == ()
+    args = _args("--dynamic-tables", "t13", "--dynamic-replicate-below", "3000", *BATCH)
+    assert td.split(args, SPEC, HW)[1].tables[0].capacity == 4448  # 2 x 2209 rows, whole
     assert by["t20"].dim == 128 and by["t20"].admission_threshold == 3
     assert by["t20"].eviction.value == "lfu"
     feats = {f.table: f for f in dyn.features}
     assert feats["t20"].name == "f_t20" and feats["t20"].max_hotness == 100
-    args = _args("--dynamic-tables", "t20", "--dynamic-capacity", "64")
-    assert td.split(args, SPEC, 8)[1].tables[0].capacity == 64
-    none = td.split(_args(), SPEC, 8)
+    args = _args("--dynamic-tables", "t20", "--dynamic-capacity", "64", *BATCH)
+    assert td.split(args, SPEC, HW)[1].tables[0].capacity == 64
+    none = td.split(_args(), SPEC, HW)
     assert none[0] is SPEC and none[1] is None
 
 
@@ -108,7 +112,8 @@ def test_two_processes_with_a_dynamic_table_resume_and_match_one_process(tmp_pat
     single = json.loads((tmp_path / "s.json").read_text())
     assert parts[0]["processes"] == 2 and single["processes"] == 1
     assert parts[0]["losses"] + parts[1]["losses"] == pytest.approx(single["losses"], rel=1e-5)
-    assert "t0 (256 rows/device, sharded), t8 (128 rows/device, replicated)" in r.stdout
+    assert "  t0: sharded, 256 rows/device -- sharded: --dynamic-replicate-below 100" in r.stdout
+    assert "  t8: replicated, 128 rows/device -- replicated: --dynamic" in r.stdout
     for name in ("t0", "t8"):  # every count reported, and summed over the two runs the same
         counts = single["dynamic"][name]
         assert counts["inserted"] > 0 and counts["found"] > 0

@@ -284,3 +284,31 @@ def test_a_replicated_table_matches_one_shard_and_its_copies_stay_identical():
         .as_text()
     )
     assert hlo.count("all_to_all") < plain.count("all_to_all")
+
+
+def test_a_replicated_table_sends_at_most_capacity_ids_and_counts_the_rest():
+    """Each device sends its first `capacity` unique ids (in (high, low) word order); the
+    occurrences of the others are `overflow` and read zeros; every inserted id is held by
+    all 8 copies."""
+    small = DynamicConfig(
+        (DynamicTableConfig(name="t", dim=4, capacity=4, bucket_size=4, eviction="none"),),
+        (DynamicFeatureConfig(name="f", table="t", max_hotness=4),),
+        replicated=("t",),
+    )
+    shards = DynamicShards(small, _mesh(8), {"t": RowWiseAdagrad(learning_rate=0.1)})
+    rng = np.random.default_rng(4)
+    raw = rng.integers(0, 1000, (B, 4)).astype(np.int64) * 0x100000001
+    words = key_words(raw.reshape(-1)).reshape(B, 4, 2)
+    ids = {"f": jax.device_put(words, NamedSharding(shards.mesh, P("d")))}
+    lk = jax.jit(shards.lookup)(shards.init(), ids, 0)
+    c = count_dict(small, lk.counts)["t"]
+    b = B // 8
+    lost = 0
+    for d in range(8):
+        mine = raw[d * b : (d + 1) * b].reshape(-1)
+        order = np.unique(mine.view(np.uint64))  # (high, low) order = unsigned order
+        lost += int(np.isin(mine.view(np.uint64), order[4:]).sum())
+    assert c["overflow"] == lost > 0
+    assert c["inserted"] == 4 and c["found"] == 0  # the first 4 distinct ids of device 0
+    keys = np.asarray(lk.states["t"].keys)
+    assert all(np.array_equal(keys[g], keys[0]) for g in range(8))
