@@ -128,12 +128,14 @@ class DynamicShards:
     Capacities: a device sends at most `binomial_capacity(n, G)` unique ids to one owner
     (n: the table's id slots per device and batch), the least that overflows with
     probability below 1e-6 when distinct ids hash uniformly; a batch of G = 1 never
-    overflows.
+    overflows. `route_scale[table]` multiplies it (at most n: then nothing overflows);
+    `grown` doubles it for some tables (the runner's `overflow="grow"`).
     """
 
     config: DynamicConfig
     mesh: jax.sharding.Mesh
     optimizers: Mapping[str, SparseOptimizer]
+    route_scale: Mapping[str, int] = dataclasses.field(default_factory=dict)
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -247,8 +249,17 @@ class DynamicShards:
             )
 
     def capacity(self, table: DynamicTableConfig, b_local: int) -> int:
+        """Unique-id slots one device sends one owner (class docstring)."""
         n = b_local * sum(f.max_hotness for f in self.config.features_of(table.name))
-        return binomial_capacity(n, self.num_shards)
+        scale = self.route_scale.get(table.name, 1)
+        return min(n, binomial_capacity(n, self.num_shards) * scale)
+
+    def grown(self, tables) -> DynamicShards:
+        """The same tables with twice the routing capacity of `tables` (state unchanged)."""
+        scale = dict(self.route_scale)
+        for name in tables:
+            scale[name] = 2 * scale.get(name, 1)
+        return DynamicShards(self.config, self.mesh, self.optimizers, scale)
 
     def _route(self, t, uniq, b):
         """(the ids this device serves `[m, 2]`, each unique id's place in the returned rows

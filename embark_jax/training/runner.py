@@ -125,12 +125,17 @@ class Totals:
 
 def _run_step(setup: TrainSetup, halting: int, state, sums, halted, batch):
     """The compiled unit: one train step, its metrics added on device, the halt flag and a
-    small flag vector `[status, overflow..., invalid...]` for the host's one-step-late check."""
+    small flag vector `[status, overflow..., invalid...]` for the host's one-step-late check
+    (with dynamic tables: `[status, overflow..., lost..., invalid..., routing overflow...]`)."""
     new, m = train_step(setup, state, batch, allow=~halted)
     sums = sums.add_step(m, batch.labels)
     halted = halted | ((m["status"] & halting) != 0)
-    lost = [m["overflow"]] if "dynamic" not in m else [m["overflow"], dynamic_lost(m["dynamic"])]
-    flags = jnp.concatenate([m["status"][None], *lost, m["invalid"]])
+    if "dynamic" not in m:
+        parts = [m["overflow"], m["invalid"]]
+    else:
+        routed = m["dynamic"][:, list(COUNT_NAMES).index("overflow")]
+        parts = [m["overflow"], dynamic_lost(m["dynamic"]), m["invalid"], routed]
+    flags = jnp.concatenate([m["status"][None], *parts])
     return new, sums, halted, flags, m["loss"]
 
 
@@ -272,24 +277,37 @@ class StepRunner:
 
     def _check(self, position: int, generation: int, flags: np.ndarray, loss) -> None:
         names = [t.name for t in self.setup.plan.tables]
-        lost_names = names + self._dynamic_names()
+        dyn = self._dynamic_names()
+        lost_names = names + dyn
         status = Refusal(int(flags[0]))
         overflow = dict(zip(lost_names, flags[1 : 1 + len(lost_names)].tolist(), strict=True))
-        invalid = dict(zip(names, flags[1 + len(lost_names) :].tolist(), strict=True))
+        end = 1 + len(lost_names) + len(names)
+        invalid = dict(zip(names, flags[1 + len(lost_names) : end].tolist(), strict=True))
+        routed = [n for n, v in zip(dyn, flags[end:].tolist(), strict=True) if v > 0]
         grow = self.setup.options.overflow is OverflowPolicy.GROW
-        # a step run before the last growth already had its overflow answered; a dynamic
-        # table's capacity is its state's shape: it does not grow
-        if grow and any(overflow[n] for n in names) and generation == self._generation:
-            grown = [name for name in names if overflow[name] > 0]
-            plan = grow_capacities(
-                self.setup.plan, grown, self.setup.options, lowered=self.setup.lowered
-            )
-            self._compile(with_plan(self.setup, plan))
+        # a step run before the last growth already had its overflow answered
+        if grow and generation == self._generation:
+            self._grow([n for n in names if overflow[n] > 0], routed)
         if not status & self._halting or status == Refusal.HALTED:
             return
         self._pending.clear()  # steps after it were refused by the halt flag
         self._halted = self._not_halted()
         raise _refusal_error(status, position, float(loss), overflow, invalid)
+
+    def _grow(self, grown: list[str], routed: list[str]) -> None:
+        """Under `overflow="grow"`: the fixed tables that overflowed get larger routing
+        capacities (`grow_capacities`), the dynamic tables whose ids overflowed their
+        routing buckets twice the buckets (`DynamicShards.grown`); then one recompile. A
+        dynamic table's own capacity (its state's shape) does not grow: its dropped ids,
+        a bucket full, stay counted."""
+        setup = self.setup
+        if grown:
+            plan = grow_capacities(setup.plan, grown, setup.options, lowered=setup.lowered)
+            setup = with_plan(setup, plan)
+        if routed:
+            setup = dataclasses.replace(setup, dynamic=setup.dynamic.grown(routed))
+        if grown or routed:
+            self._compile(setup)
 
     # --- metrics ---------------------------------------------------------------------
 

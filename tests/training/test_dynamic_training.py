@@ -217,3 +217,44 @@ def test_a_replicated_dynamic_table_checkpoints_onto_either_placement(tmp_path, 
         np.testing.assert_array_equal(np.asarray(got["loss"]), np.asarray(want["loss"]))
     else:
         np.testing.assert_allclose(np.asarray(got["loss"]), np.asarray(want["loss"]), rtol=1e-5)
+
+
+def _one_shard_batches(num, hot=16):
+    """Batches whose dynamic ids are all distinct and all owned by shard 0: each device's
+    b x hot unique ids go to one owner, past its binomial routing bucket."""
+    from embark_jax.core.dynamic import shard_of
+
+    rng = np.random.default_rng(7)
+    pool = rng.integers(1, 2**62, 200_000).astype(np.int64)
+    pool = pool[shard_of(key_words(pool), 8) == 0]
+    ds = SyntheticDataset(CFG, batch_size=B, seed=0)
+    for i, b in enumerate(ds.batches(0, num)):
+        raw = pool[i * B * hot : (i + 1) * B * hot]
+        yield dataclasses.replace(b, dynamic={"h": key_words(raw).reshape(B, hot, 2)})
+
+
+@pytest.mark.parametrize("policy", ["count", "grow"])
+def test_routing_overflow_grows_the_buckets_under_grow_and_is_counted_under_count(policy):
+    """All of a step's dynamic ids owned by one shard overflow its routing bucket; under
+    `grow` the runner doubles that table's buckets (one step late, as for fixed tables)
+    until nothing overflows, under `count` every step counts its overflow."""
+    cfg = DynamicConfig(
+        (DynamicTableConfig(name="hashed", dim=4, capacity=4096),),
+        (DynamicFeatureConfig(name="h", table="hashed", max_hotness=16),),
+    )
+    setup, state = _setup(cfg, overflow=policy)
+    runner = StepRunner(setup)
+    lost, last = [], runner.totals()
+    for b in _one_shard_batches(6):
+        state, _ = runner.step(state, b)
+        now = runner.totals()
+        lost.append(now.since(last).dynamic["hashed"]["overflow"])
+        last = now
+    assert lost[0] > 0
+    if policy == "grow":
+        assert lost[-1] == 0 and lost[-2] == 0, lost
+        assert runner.setup.dynamic.route_scale["hashed"] >= 2
+        assert runner.setup.dynamic.capacity(cfg.tables[0], B // 8) == B // 8 * 16
+    else:
+        assert all(v == lost[0] for v in lost), lost  # the same overflow every step
+        assert runner.setup.dynamic.route_scale == {}
