@@ -24,8 +24,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 ATTEMPTS = 30
-_CHILD = (
-    r"""
+_CHILD = r"""
 import json, os, time
 import numpy as np
 import jax, jax.numpy as jnp
@@ -55,7 +54,7 @@ ids = jnp.asarray(rng.integers(0, 500, 4096).astype(np.int32))
 seg = jnp.asarray(np.repeat(np.arange(1024), 4).astype(np.int32))
 f = jax.jit(lambda t, i, s: ops.lookup_pool(t, i, s, 1024, indices_are_sorted=True))
 want = np.asarray(reference.lookup_pool(table, ids, seg, 1024))
-ATTEMPTS = %d
+ATTEMPTS = int(os.environ["ATTEMPTS"])
 out = {"every": sorted(os.sched_getaffinity(0)), "cases": {}}
 jax.block_until_ready(f(table, ids, seg))  # starts the pool
 for _ in range(200):  # each worker names itself as it starts
@@ -115,8 +114,6 @@ out["after_sleep"] = [allowed(tid) for tid in workers()]
 out["matches_reference"] = ok
 print(json.dumps(out))
 """
-    % ATTEMPTS
-)
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +121,7 @@ def child() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "EMBARK_CPU_THREADS"}
     env["JAX_PLATFORMS"] = "cpu"
     env["EMBARK_CPU_SPIN"] = "on"
+    env["ATTEMPTS"] = str(ATTEMPTS)
     run = subprocess.run(
         [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300
     )
