@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 import re
 
-from embark_jax.cli.errors import CLIError
+from embark_jax.cli.errors import CLIError, nonneg_int, positive_int
 
 _NAMES = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
 BUCKET_SIZE = 32
@@ -52,7 +52,7 @@ def add_dynamic_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dynamic-replicate-below",
-        type=_nonneg,
+        type=nonneg_int,
         default=None,
         metavar="ROWS",
         help="hold a dynamic table whole on every device (data-parallel: no all-to-all) when "
@@ -61,7 +61,7 @@ def add_dynamic_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--admission",
-        type=_positive,
+        type=positive_int,
         default=1,
         help="an id gets a row at its K-th sighting; before that it reads zeros (default: 1)",
     )
@@ -74,20 +74,8 @@ def add_dynamic_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
-    return int(text)
-
-
-def _nonneg(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
-    return int(text)
-
-
 def _capacity(text: str) -> int:
-    n = _positive(text)
+    n = positive_int(text)
     if n % BUCKET_SIZE:
         raise argparse.ArgumentTypeError(f"{n} is not a multiple of the bucket size {BUCKET_SIZE}")
     return n

@@ -255,9 +255,8 @@ class CriteoBase:
         raw 64-bit ids as uint32 words `[k, H, 2]` (all ones: empty)."""
         h = self._features[j].max_hotness
         raw = raw[:, :h]
-        if self._vocab[j] is None:
-            ids = raw.astype(np.uint64).view(np.int64) if raw.dtype == np.uint64 else raw
-            ids = ids.astype(np.int64)
+        if self._vocab[j] is None:  # the 64 bits as they are
+            ids = raw.view(np.int64) if raw.dtype == np.uint64 else raw.astype(np.int64)
         else:
             ids = (raw % raw.dtype.type(self._vocab[j])).astype(np.int64)
         if empty is not None:

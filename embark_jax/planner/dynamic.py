@@ -112,9 +112,13 @@ def dynamic_capacity(t: DynamicTableSpec, num_devices: int, replicated: bool = F
     return max(1, math.ceil(rows / t.bucket_size)) * t.bucket_size
 
 
-def _table_bytes(t: DynamicTableSpec, capacity: int, slots: tuple[int, int]) -> float:
+def _resident(t: DynamicTableSpec, capacity: int, slots: tuple[int, int], moved: int) -> float:
+    """Memory a device holds: the rows, their optimizer slots, keys and scores, and for the
+    `moved` id slots it serves a buffer (id words and a row each) and the staged update."""
     floats = slot_floats_per_row(slots, t.dim)
-    return capacity * (t.dim * t.dtype_bytes + 4 * floats + SLOT_BYTES)
+    table = capacity * (t.dim * t.dtype_bytes + 4 * floats + SLOT_BYTES)
+    buffers = moved * (WORD_BYTES + t.dim * t.dtype_bytes)
+    return table + buffers + staged_memory(moved, capacity, t.dim, t.dtype_bytes, slots)
 
 
 def _local(t: DynamicTableSpec, batch: int, hw: HardwareTopology) -> tuple[int, float, float]:
@@ -141,12 +145,7 @@ def sharded_cost(
     probe = u * t.bucket_size * WORD_BYTES
     compute = local + probe + 2 * m * d * e + m * d * 4 + update_bytes(touched, d, e, slots)
     intra, inter = a2a_split(cap * (WORD_BYTES + 2 * d * e), hw)
-    mem = (
-        _table_bytes(t, capacity, slots)
-        + m * (WORD_BYTES + d * e)
-        + staged_memory(m, capacity, d, e, slots)
-    )
-    return Cost(compute, intra, inter, mem)
+    return Cost(compute, intra, inter, _resident(t, capacity, slots, m))
 
 
 def replicated_cost(
@@ -162,12 +161,7 @@ def replicated_cost(
     probe = g * min(u, k) * t.bucket_size * WORD_BYTES
     compute = local + probe + k * d * e + gathered * d * e + update_bytes(touched, d, e, slots)
     intra, inter = a2a_split(k * (WORD_BYTES + d * e), hw)
-    mem = (
-        _table_bytes(t, capacity, slots)
-        + gathered * (WORD_BYTES + d * e)
-        + staged_memory(gathered, capacity, d, e, slots)
-    )
-    return Cost(compute, intra, inter, mem)
+    return Cost(compute, intra, inter, _resident(t, capacity, slots, gathered))
 
 
 def plan_dynamic(

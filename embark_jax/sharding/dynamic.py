@@ -264,14 +264,13 @@ class DynamicShards:
     def _route(self, t, uniq, b):
         """(the ids this device serves `[m, 2]`, each unique id's place in the returned rows
         `[n]` (-1: none), which unique ids were dropped `[n]`)."""
+        valid = ~((uniq[:, 0] == EMPTY) & (uniq[:, 1] == EMPTY))
         if self.config.is_replicated(t.name):  # every device serves every device's ids
             n = uniq.shape[0]
             k = min(n, t.capacity)  # more distinct ids than slots cannot all be held
             gathered = jax.lax.all_gather(uniq[:k], self.axis_names, tiled=True)
             index = jnp.arange(n, dtype=jnp.int32)
-            valid = ~((uniq[:, 0] == EMPTY) & (uniq[:, 1] == EMPTY))
             return gathered, jnp.where(index < k, index, -1), valid & (index >= k)
-        valid = ~((uniq[:, 0] == EMPTY) & (uniq[:, 1] == EMPTY))
         dst = jnp.where(valid, shard_of(uniq, self.num_shards), -1)
         cap = self.capacity(t, b)
         payload = {"lo": (uniq[:, 0], EMPTY), "hi": (uniq[:, 1], EMPTY)}
