@@ -233,19 +233,29 @@ class SGD(SparseOptimizer):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Adagrad(SparseOptimizer):
+class _Accumulating(SparseOptimizer):
+    """Adagrad's family: one float32 `accumulator` slot of squared gradients, starting at
+    `initial_accumulator`; the step divides by its square root plus `eps`."""
+
     initial_accumulator: float = 0.0
     eps: float = 1e-8
-    kernel_id: ClassVar[abi.OptimizerId] = abi.OptimizerId.ADAGRAD
-
-    def slot_shapes(self, vocab, dim):
-        return {"accumulator": (vocab, dim)}
+    state_type: ClassVar[type]
 
     def init(self, table):
-        return AdagradState(jnp.full(table.shape, self.initial_accumulator, jnp.float32))
+        shape = self.slot_shapes(*table.shape)["accumulator"]
+        return self.state_type(jnp.full(shape, self.initial_accumulator, jnp.float32))
 
     def hparams(self, state, step=None):
         return {"lr": self.learning_rate_at(step), "eps": jnp.float32(self.eps)}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Adagrad(_Accumulating):
+    kernel_id: ClassVar[abi.OptimizerId] = abi.OptimizerId.ADAGRAD
+    state_type: ClassVar[type] = AdagradState
+
+    def slot_shapes(self, vocab, dim):
+        return {"accumulator": (vocab, dim)}
 
     def rows_update(self, w, slots, g, hp):
         acc = slots[0] + g * g
@@ -253,19 +263,14 @@ class Adagrad(SparseOptimizer):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RowWiseAdagrad(SparseOptimizer):
-    initial_accumulator: float = 0.0
-    eps: float = 1e-8
+class RowWiseAdagrad(_Accumulating):
+    """Adagrad with one accumulator per row: the mean of the row's squared gradients."""
+
     kernel_id: ClassVar[abi.OptimizerId] = abi.OptimizerId.ROW_WISE_ADAGRAD
+    state_type: ClassVar[type] = RowWiseAdagradState
 
     def slot_shapes(self, vocab, dim):
         return {"accumulator": (vocab,)}
-
-    def init(self, table):
-        return RowWiseAdagradState(jnp.full(table.shape[:1], self.initial_accumulator, jnp.float32))
-
-    def hparams(self, state, step=None):
-        return {"lr": self.learning_rate_at(step), "eps": jnp.float32(self.eps)}
 
     def rows_update(self, w, slots, g, hp):
         acc = slots[0] + jnp.mean(g * g, axis=1)
