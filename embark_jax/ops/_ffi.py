@@ -76,6 +76,21 @@ def _call(target: abi.Target, result_types, **kwargs):
     return jax.ffi.ffi_call(target.value, result_types, vmap_method="sequential", **kwargs)
 
 
+def _in_place(target: abi.Target, table, slot_a, slot_b, *extra_results):
+    """`_call` of a target that updates `table` and its two slot operands in place: they are
+    operands 0-2 and results 0-2 (aliased), followed by `extra_results`."""
+    return _call(
+        target,
+        (
+            result_type(table, table.shape, table.dtype),
+            result_type(slot_a, slot_a.shape, jnp.float32),
+            result_type(slot_b, slot_b.shape, jnp.float32),
+            *extra_results,
+        ),
+        input_output_aliases={0: 0, 1: 1, 2: 2},
+    )
+
+
 def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int) -> jax.Array:
     values2 = values.reshape(values.shape[0], math.prod(values.shape[1:]))  # N = 0 too
     # The CUDA kernel adds bfloat16 values into a float32 [S, D] workspace (segment_sum.cu).
@@ -140,31 +155,22 @@ def sparse_grad(grads, ids, segment_ids, scale, capacity: int, per_id: bool):
 
 
 def sparse_update(table, slot_a, slot_b, rows, grads, hparams, kernel_id: int):
-    return _call(
-        abi.Target.SPARSE_UPDATE,
-        (
-            result_type(table, table.shape, table.dtype),
-            result_type(slot_a, slot_a.shape, jnp.float32),
-            result_type(slot_b, slot_b.shape, jnp.float32),
-        ),
-        input_output_aliases={0: 0, 1: 1, 2: 2},
-    )(table, slot_a, slot_b, rows, grads, hparams, optimizer=np.int64(kernel_id))
+    return _in_place(abi.Target.SPARSE_UPDATE, table, slot_a, slot_b)(
+        table, slot_a, slot_b, rows, grads, hparams, optimizer=np.int64(kernel_id)
+    )
 
 
 def sparse_grad_update(
     table, slot_a, slot_b, grads, ids, segment_ids, scale, hparams, kernel_id: int, per_id: bool
 ):
     operands = (table, slot_a, slot_b, grads, ids, segment_ids, scale, hparams)
-    return _call(
+    return _in_place(
         abi.Target.SPARSE_GRAD_UPDATE,
-        (
-            result_type(table, table.shape, table.dtype),
-            result_type(slot_a, slot_a.shape, jnp.float32),
-            result_type(slot_b, slot_b.shape, jnp.float32),
-            result_type(ids, (), jnp.int32),
-            _dedup_workspace(ids, table.shape[1]),
-        ),
-        input_output_aliases={0: 0, 1: 1, 2: 2},
+        table,
+        slot_a,
+        slot_b,
+        result_type(ids, (), jnp.int32),
+        _dedup_workspace(ids, table.shape[1]),
     )(*operands, optimizer=np.int64(kernel_id), per_id=np.int64(per_id))[:4]
 
 
@@ -199,22 +205,7 @@ def sparse_grad_stage(
 
 
 def commit_rows(table, slot_a, slot_b, rows, values, staged_a, staged_b, commit, kernel_id: int):
-    return _call(
-        abi.Target.COMMIT_ROWS,
-        (
-            result_type(table, table.shape, table.dtype),
-            result_type(slot_a, slot_a.shape, jnp.float32),
-            result_type(slot_b, slot_b.shape, jnp.float32),
-        ),
-        input_output_aliases={0: 0, 1: 1, 2: 2},
-    )(
-        table,
-        slot_a,
-        slot_b,
-        rows,
-        values,
-        staged_a,
-        staged_b,
-        commit,
-        optimizer=np.int64(kernel_id),
+    operands = (table, slot_a, slot_b, rows, values, staged_a, staged_b, commit)
+    return _in_place(abi.Target.COMMIT_ROWS, table, slot_a, slot_b)(
+        *operands, optimizer=np.int64(kernel_id)
     )
