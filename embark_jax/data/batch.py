@@ -4,6 +4,7 @@ its host-side validation against the model it is fed to."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -13,7 +14,7 @@ from embark_jax.core.dynamic import DynamicConfig
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import SparseFeatures
 
-__all__ = ["Batch", "DataError"]
+__all__ = ["Batch", "DataError", "check_finite_dense"]
 
 
 class DataError(ValueError):
@@ -21,6 +22,20 @@ class DataError(ValueError):
     value (a label that is not 0 or 1, a dense feature that is not a finite number, an id
     out of range, a file changed or cut short). The message names the value and where it
     is (the feature, sample, file, row); the command line prints it as one `error:` line."""
+
+
+def check_finite_dense(
+    dense: np.ndarray, where: Callable[[int], str], shown: np.ndarray | None = None
+) -> None:
+    """A `DataError` naming the first value of `dense` `[B, F]` that is NaN or infinite, as
+    `{where(i)}: dense feature {j} is {value}, not a finite float32 number`; `shown` holds
+    the values to print (the file's, before a cast), default `dense`."""
+    finite = np.isfinite(dense)
+    if finite.all():
+        return
+    i, j = (int(k) for k in np.argwhere(~finite)[0])
+    value = (dense if shown is None else shown)[i, j]
+    raise DataError(f"{where(i)}: dense feature {j} is {value}, not a finite float32 number")
 
 
 @jax.tree_util.register_dataclass
@@ -80,13 +95,7 @@ class Batch:
             raise DataError(f"dense features must be [{b}, {num_dense}], got {dense.shape}")
         if not np.issubdtype(dense.dtype, np.number):
             raise DataError(f"dense features must be finite numbers, got dtype {dense.dtype}")
-        finite = np.isfinite(dense)
-        if not finite.all():
-            i, j = (int(k) for k in np.argwhere(~finite)[0])
-            raise DataError(
-                f"dense features must be finite numbers: {dense[i, j]} at sample {i}, "
-                f"dense feature {j}"
-            )
+        check_finite_dense(dense, lambda i: f"sample {i}")
         sparse = self.sparse
         missing = sorted({f.name for f in config.features} - set(sparse.ids))
         if missing:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from embark_jax.data.batch import DataError
+from embark_jax.data.batch import DataError, check_finite_dense
 from embark_jax.data.criteo_base import NUM_CATEGORICAL, NUM_DENSE, CriteoBase
 
 __all__ = ["CriteoMultiHot"]
@@ -172,13 +172,8 @@ class CriteoMultiHot(CriteoBase):
             )
         with np.errstate(over="ignore", invalid="ignore"):
             dense = raw.astype(np.float32)
-        finite = np.isfinite(dense)
-        if not finite.all():
-            i, j = (int(k) for k in np.argwhere(~finite)[0])
-            raise DataError(
-                f"{self._what} day {self.days[d]}: {self._day_files[d][1]} row {int(rows[i])}: "
-                f"dense feature {j} is {raw[i, j]}, not a finite float32 number"
-            )
+        where = f"{self._what} day {self.days[d]}: {self._day_files[d][1]} row"
+        check_finite_dense(dense, lambda i: f"{where} {int(rows[i])}", raw)
         return dense
 
     def _locate(self, samples: np.ndarray):

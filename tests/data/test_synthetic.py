@@ -87,7 +87,7 @@ def test_batch_validate_names_a_bad_label_or_dense_value_and_its_sample():
         ),
         (
             Batch(good.sparse, dense, good.labels),
-            r"^dense features must be finite numbers: nan at sample 3, dense feature 1$",
+            r"^sample 3: dense feature 1 is nan, not a finite float32 number$",
         ),
     ]
     for batch, message in cases:
