@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -30,21 +31,27 @@ _GROUPS = re.compile(r"replica_groups=\{(\{[\d,]*\}(?:,\{[\d,]*\})*)\}")
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
-    kind: str
+    """One collective instruction of the step and the mesh axis its replica groups span."""
+
+    instr: hlo_scan.Instr
     axis: str
-    bytes: int
-    dtypes: tuple[str, ...]
 
+    @property
+    def kind(self) -> str:
+        """The opcode without an asynchronous `-start` suffix (`all-to-all`, ...)."""
+        return self.instr.opcode.removesuffix("-start")
 
-def _array_bytes(ins: hlo_scan.Instr) -> int:
-    """Bytes of every array of an instruction's result (a tuple's arrays summed)."""
-    total = 0
-    for dtype, dims in ins.arrays:
-        n = 1
-        for d in dims:
-            n *= d
-        total += n * _DTYPE_BYTES.get(dtype, 1)  # the rest: f8 types
-    return total
+    @property
+    def bytes(self) -> int:
+        """Bytes of every array of the result (a tuple's arrays summed)."""
+        total = 0
+        for dtype, dims in self.instr.arrays:
+            total += math.prod(dims) * _DTYPE_BYTES.get(dtype, 1)  # the rest: f8 types
+        return total
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return tuple(d for d, _ in self.instr.arrays)
 
 
 def _axis_of(line: str, mesh_shape: Sequence[int], axis_names: Sequence[str]) -> str:
@@ -80,14 +87,7 @@ def collectives(
         ins = hlo_scan.instruction(line)
         if ins is None or ins.opcode.removesuffix("-start") not in _KINDS:
             continue
-        out.append(
-            Collective(
-                ins.opcode.removesuffix("-start"),
-                _axis_of(line, mesh_shape, axis_names),
-                _array_bytes(ins),
-                tuple(d for d, _ in ins.arrays),
-            )
-        )
+        out.append(Collective(ins, _axis_of(line, mesh_shape, axis_names)))
     return out
 
 
