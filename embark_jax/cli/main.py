@@ -17,8 +17,8 @@ from embark_jax.cli.errors import (
     check_writable_file,
     guarded,
     positive_float,
-    positive_int,
 )
+from embark_jax.cli.flags import add_counts
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -58,8 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
 
     p = add("demo", "train a small model on synthetic Zipf data (one device, no planner)")
-    p.add_argument("--steps", type=positive_int, default=200, help="training steps")
-    p.add_argument("--batch-size", type=positive_int, default=512, help="batch size")
+    add_counts(p, {"--steps": (200, "training steps"), "--batch-size": (512, "batch size")})
     p.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
     p.add_argument("--out", default=None, help="write the metrics JSON here (default: none)")
     add("info", "print the native build and the registered FFI targets as JSON")
@@ -67,9 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         add("train", "the main job: train a DLRM (synthetic Zipf or Criteo data)")
     )
     lp = add("launch", "run a command in several local processes (jax.distributed, gloo)")
-    lp.add_argument("--nproc", type=positive_int, default=2, help="processes to start")
-    lp.add_argument(
-        "--devices-per-proc", type=positive_int, default=4, help="fake CPU devices per process"
+    add_counts(
+        lp,
+        {
+            "--nproc": (2, "processes to start"),
+            "--devices-per-proc": (4, "fake CPU devices per process"),
+        },
     )
     lp.add_argument(
         "--grace",

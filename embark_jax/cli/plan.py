@@ -8,7 +8,6 @@ import time
 
 from embark_jax.cli.errors import (
     CLIError,
-    batch_size,
     check_writable_file,
     make_parent,
     model_name,
@@ -16,6 +15,7 @@ from embark_jax.cli.errors import (
     positive_int,
     topology_name,
 )
+from embark_jax.cli.flags import add_batch_size, add_counts
 from embark_jax.planner import (
     BASELINES,
     PRESETS,
@@ -33,15 +33,11 @@ SIM_NODES = (1, 8, 16)
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=model_name, default="dcnv2", help=models_help())
-    p.add_argument("--nodes", type=positive_int, default=1, help="nodes in the cluster")
-    p.add_argument("--devices-per-node", type=positive_int, default=8, help="devices per node")
-    p.add_argument(
-        "--batch-size",
-        type=batch_size,
-        default=None,
-        help="global batch, a multiple of the devices (default: the paper's MLPerf batch "
-        "for the cluster size)",
+    add_counts(
+        p,
+        {"--nodes": (1, "nodes in the cluster"), "--devices-per-node": (8, "devices per node")},
     )
+    add_batch_size(p, "the paper's MLPerf batch for the cluster size")
     p.add_argument(
         "--topology",
         type=topology_name,

@@ -7,7 +7,6 @@ import argparse
 import os
 
 from embark_jax.cli.errors import (
-    batch_size,
     model_name,
     models_help,
     nonneg_int,
@@ -15,7 +14,9 @@ from embark_jax.cli.errors import (
     positive_int,
     topology_name,
 )
+from embark_jax.cli.flags import add_batch_size, add_choice, add_counts
 from embark_jax.cli.train_dynamic import add_dynamic_args
+from embark_jax.core.options import OverflowPolicy
 
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 DEFAULT_BATCH = 1024
@@ -55,14 +56,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         "file) or criteo-multihot:DIR (MLPerf DLRMv2 day_X_{labels,dense}.npy + "
         "day_X_sparse_multi_hot.npz); Criteo needs a 26-table preset (default: synthetic)",
     )
-    p.add_argument("--steps", type=positive_int, default=200, help="training steps")
-    p.add_argument(
-        "--batch-size",
-        type=batch_size,
-        default=None,
-        help="global batch, a multiple of the devices (default: the --plan file's batch, "
-        f"else {DEFAULT_BATCH})",
-    )
+    add_counts(p, {"--steps": (200, "training steps")})
+    add_batch_size(p, f"the --plan file's batch, else {DEFAULT_BATCH}")
     _add_model_args(p)
     add_dynamic_args(p)
     _add_output_args(p)
@@ -88,9 +83,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="bf16 activations and bf16 embedding communication (tables stay fp32)",
     )
-    p.add_argument("--nodes", type=positive_int, default=1, help="mesh nodes (2-D mesh if > 1)")
-    p.add_argument(
-        "--devices", type=positive_int, default=8, help="fake CPU devices when there is no GPU"
+    add_counts(
+        p,
+        {
+            "--nodes": (1, "mesh nodes (2-D mesh if > 1)"),
+            "--devices": (8, "fake CPU devices when there is no GPU"),
+        },
     )
     p.add_argument(
         "--topology",
@@ -138,12 +136,11 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
         help="restore the newest checkpoint in --checkpoint-dir (any plan or "
         "device count) and continue from its data position",
     )
-    p.add_argument(
+    add_choice(
+        p,
         "--overflow-policy",
-        default="count",
-        choices=("count", "error", "grow"),
-        help="what ids beyond a routing buffer's capacity do: counted, an error, or the "
-        "buffers grow",
+        OverflowPolicy.COUNT,
+        "what ids beyond a routing buffer's capacity do: counted, an error, or the buffers grow",
     )
     # fault injection for the multi-process tests: process P exits (code 3) before batch S
     p.add_argument("--debug-exit-at", default=None, metavar="P:S", help=argparse.SUPPRESS)

@@ -16,6 +16,8 @@ import dataclasses
 import re
 
 from embark_jax.cli.errors import CLIError, nonneg_int, positive_int
+from embark_jax.cli.flags import add_choice
+from embark_jax.core.dynamic import Eviction
 
 _NAMES = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
 BUCKET_SIZE = 32
@@ -65,12 +67,12 @@ def add_dynamic_args(p: argparse.ArgumentParser) -> None:
         default=1,
         help="an id gets a row at its K-th sighting; before that it reads zeros (default: 1)",
     )
-    p.add_argument(
+    add_choice(
+        p,
         "--eviction",
-        default="lru",
-        choices=("lru", "lfu", "none"),
-        help="what a full bucket does for a newcomer: replace its least recently (lru) or "
-        "least often (lfu) seen entry, or drop the newcomer (none) (default: lru)",
+        Eviction.LRU,
+        "what a full bucket does for a newcomer: replace its least recently (lru) or least "
+        "often (lfu) seen entry, or drop the newcomer (none) (default: lru)",
     )
 
 
