@@ -136,11 +136,33 @@ def allreduce_split(nbytes: float, hw: HardwareTopology) -> tuple[float, float]:
     return 2 * nbytes * (local - 1) / local, 2 * nbytes / local * (n - 1) / n
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def rb_shard_cost(
+def _owner(
     t: PlannerTable,
     r: int,
     c: int,
+    batch: int,
+    slots: tuple[int, int],
+    received: float,
+    slot: float,
+) -> tuple[float, float]:
+    """A routed shard's own side: (bytes of its update of the rows the batch touches, its
+    memory: the rows and their optimizer slots, `received` buffer slots of `slot` bytes each,
+    and the staged update of at most that many rows)."""
+    e, w = t.dtype_bytes, t.dim // c
+    rows = math.ceil(t.vocab_size / r)
+    touched = expected_unique(batch * t.hotness, t.vocab_size, t.alpha) / r
+    memory = (
+        table_memory(rows, w, e, slots)
+        + received * slot
+        + staged_memory(received, rows, w, e, slots)
+    )
+    return update_bytes(touched, w, e, slots), memory
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def rb_shard_cost(
+    t: PlannerTable,
+    split: tuple[int, int],
     batch: int,
     hw: HardwareTopology,
     slots: tuple[int, int],
@@ -148,20 +170,17 @@ def rb_shard_cost(
     hierarchical: bool = False,
     cap: int | None = None,
 ) -> Cost:
-    """One RB shard: it receives a bucket of `cap` id slots (row and bag, int32) from every
-    source (B*h/r of them used), pools them into one partial vector per sample (b*d' bytes
-    to each requester), gets the same gradient bytes back, and updates its touched rows."""
-    e, w = t.dtype_bytes, t.dim // c
-    g, local, n = hw.num_devices, hw.devices_per_node, hw.num_nodes
-    b = batch / g
+    """One RB shard of the table's (row, column) `split`: it receives a bucket of `cap` id
+    slots (row and bag, int32) from every source (B*h/r of them used), pools them into one
+    partial vector per sample (b*d' bytes to each requester), gets the same gradient bytes
+    back, and updates its touched rows."""
+    (r, c), e, w = split, t.dtype_bytes, t.dim // split[1]
+    local, n = hw.devices_per_node, hw.num_nodes
+    b = batch / hw.num_devices
     cap = rb_bucket(t, r, batch, hw) if cap is None else cap
     n_ids = batch * t.hotness / r
-    touched = expected_unique(batch * t.hotness, t.vocab_size, t.alpha) / r
-    compute = (
-        (n_ids * w * e + batch * w * e)
-        + (batch * w * 4 + n_ids * w * 4)
-        + update_bytes(touched, w, e, slots)
-    )
+    update, memory = _owner(t, r, c, batch, slots, hw.num_devices * cap, 2 * ID_BYTES + w * e)
+    compute = (n_ids * w * e + batch * w * e) + (batch * w * 4 + n_ids * w * 4) + update
     i_intra, i_inter = a2a_split(cap * 2 * ID_BYTES, hw)
     vec = 2 * b * w * e  # partials forward + gradients backward, per peer
     if hierarchical and n > 1:  # in-node all-to-all of N peers' slots, then one per node
@@ -169,43 +188,30 @@ def rb_shard_cost(
         v_inter = vec * (n - 1) * local / max(row_shards_in_node, 1)
     else:
         v_intra, v_inter = a2a_split(vec, hw)
-    rows = math.ceil(t.vocab_size / r)
-    mem = (
-        table_memory(rows, w, e, slots)
-        + g * cap * (2 * ID_BYTES + w * e)  # receive buffers
-        + staged_memory(g * cap, rows, w, e, slots)
-    )
-    return Cost(compute, i_intra + v_intra, i_inter + v_inter, mem)
+    return Cost(compute, i_intra + v_intra, i_inter + v_inter, memory)
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def ub_shard_cost(
     t: PlannerTable,
-    r: int,
-    c: int,
+    split: tuple[int, int],
     batch: int,
     hw: HardwareTopology,
     slots: tuple[int, int],
     cap: int | None = None,
 ) -> Cost:
-    """One UB shard: every device sends a bucket of `cap` unique-id slots to it (about
-    u*b*h/r of them used); the shard returns one vector per slot and gets one gradient back
-    per slot. The padded buffers move whole, so the dedup pays off in bytes only as far as
-    the capacities are sized from data (`derive_capacities`)."""
-    e, w = t.dtype_bytes, t.dim // c
-    g = hw.num_devices
+    """One UB shard of the table's (row, column) `split`: every device sends a bucket of
+    `cap` unique-id slots to it (about u*b*h/r of them used); the shard returns one vector
+    per slot and gets one gradient back per slot. The padded buffers move whole, so the
+    dedup pays off in bytes only as far as the capacities are sized from data
+    (`derive_capacities`)."""
+    (r, c), e, w = split, t.dtype_bytes, t.dim // split[1]
     cap = ub_bucket(t, r, batch, hw) if cap is None else cap
-    m = g * cap  # slots received (and vectors sent back)
-    touched = expected_unique(batch * t.hotness, t.vocab_size, t.alpha) / r
-    compute = 2 * m * w * e + m * w * 4 + update_bytes(touched, w, e, slots)
+    m = hw.num_devices * cap  # slots received (and vectors sent back)
+    update, memory = _owner(t, r, c, batch, slots, m, ID_BYTES + w * e)
+    compute = 2 * m * w * e + m * w * 4 + update
     intra, inter = a2a_split(cap * (ID_BYTES + 2 * w * e), hw)
-    rows = math.ceil(t.vocab_size / r)
-    mem = (
-        table_memory(rows, w, e, slots)
-        + m * (ID_BYTES + w * e)  # receive buffers
-        + staged_memory(m, rows, w, e, slots)
-    )
-    return Cost(compute, intra, inter, mem)
+    return Cost(compute, intra, inter, memory)
 
 
 def dp_grad_rows(t: PlannerTable) -> int:

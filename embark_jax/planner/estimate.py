@@ -40,12 +40,12 @@ def shard_cost(
     if o.cluster is Cluster.DP:
         return C.dp_cost(t, p.batch, p.hw, slots)
     cap = _cap(p, t, o, ideal)
+    split = (o.row_shards, o.column_shards)
     if o.cluster is Cluster.UB:
-        return C.ub_shard_cost(t, o.row_shards, o.column_shards, p.batch, p.hw, slots, cap)
+        return C.ub_shard_cost(t, split, p.batch, p.hw, slots, cap)
     return C.rb_shard_cost(
         t,
-        o.row_shards,
-        o.column_shards,
+        split,
         p.batch,
         p.hw,
         slots,

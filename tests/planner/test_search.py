@@ -62,8 +62,7 @@ def test_rb_shard_cost_by_hand():
     batch = 16
     c = C.rb_shard_cost(
         t,
-        r=2,
-        c=1,
+        split=(2, 1),
         batch=batch,
         hw=hw,
         slots=SGD,
@@ -86,7 +85,7 @@ def test_rb_shard_cost_by_hand():
     # the shard's 500 rows, the receive buffers, and the staged update: min(8 x 8 ids, 500
     # rows) slots of a row index and a new row (SGD: no optimizer slots)
     assert c.memory == pytest.approx(500 * 8 * 4 + 8 * cap * (8 + 32) + 64 * (4 + 32))
-    flat = C.rb_shard_cost(t, 2, 1, batch, hw, SGD, hierarchical=False)
+    flat = C.rb_shard_cost(t, (2, 1), batch, hw, SGD, hierarchical=False)
     assert flat.intra == pytest.approx((ids + vec) * 3)
     assert flat.inter == pytest.approx((ids + vec) * 4)
 
@@ -95,7 +94,7 @@ def test_ub_and_dp_costs_by_hand():
     hw = HW1.with_shape(1, 8)
     t = PlannerTable(name="t", vocab_size=100, dim=4, hotness=2, unique_ratio=0.5, alpha=0.0)
     slots = ADAGRAD  # one float slot per element
-    ub = C.ub_shard_cost(t, 1, 1, batch=64, hw=hw, slots=slots)
+    ub = C.ub_shard_cost(t, (1, 1), batch=64, hw=hw, slots=slots)
     # the padded bucket: min(b H, V) = 16 dedup slots per source, whatever the unique ratio
     cap = 16
     assert C.ub_bucket(t, 1, 64, hw) == cap
@@ -107,7 +106,7 @@ def test_ub_and_dp_costs_by_hand():
     # V = 100) rows: a row index, the new row and its new slots
     assert ub.memory == pytest.approx(100 * (16 + 16) + m * (4 + 16) + 100 * (4 + 16 + 16))
     # a capacity from data (`derive_capacities`) is what makes the dedup pay
-    small = C.ub_shard_cost(t, 1, 1, batch=64, hw=hw, slots=slots, cap=8)
+    small = C.ub_shard_cost(t, (1, 1), batch=64, hw=hw, slots=slots, cap=8)
     assert small.intra == pytest.approx(ub.intra / 2)
     dp = C.dp_cost(t, 64, hw, slots)
     # the runtime's AUTO rule (core.dp_exchange), in words: dense 2 V (d + 1) + 2 V d = 1800

@@ -121,7 +121,7 @@ def test_table_seconds_by_hand():
     t = table("t", dim=16, hotness=3)
     p = problem(model(t))
     hw, g, b = p.hw, 4, 64 / 4
-    per_shard = sum(C.seconds(C.rb_shard_cost(t, 2, 1, 64, hw, SGD), hw))
+    per_shard = sum(C.seconds(C.rb_shard_cost(t, (2, 1), 64, hw, SGD), hw))
     requester = 2 * b * 2 * 16 * 4 / hw.memory_bw  # RB: sum 2 partials per sample
     rb2 = Option(Cluster.RB, 2)
     assert requester_cost(p, t, rb2) == C.Cost(compute=2 * b * 2 * 16 * 4)
@@ -130,7 +130,7 @@ def test_table_seconds_by_hand():
     assert table_seconds(p, t, DP) == pytest.approx(g * dp)  # a replica per device
     # on several nodes RB is priced hierarchically
     p2 = problem(model(t), nodes=2, per_node=2)
-    want = C.rb_shard_cost(t, 2, 1, 64, p2.hw, SGD, row_shards_in_node=2, hierarchical=True)
+    want = C.rb_shard_cost(t, (2, 1), 64, p2.hw, SGD, row_shards_in_node=2, hierarchical=True)
     assert shard_cost(p2, t, rb2, in_node=2) == want
 
 
