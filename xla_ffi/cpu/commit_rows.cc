@@ -5,7 +5,6 @@
 // >= R are padding. Rows are distinct (they come from a dedup), so workers never collide.
 #include <cstring>
 
-#include "cpu_hugepages.h"
 #include "cpu_optim.h"
 #include "embark_ffi.h"
 #include "embark_operands.h"
@@ -44,11 +43,7 @@ ffi::Error CommitRowsImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffe
   ffi::Error err = CheckCommitRows(table, slot_a, slot_b, rows, values, staged_a, staged_b,
                                    commit, optimizer, *table_out, *slot_a_out, *slot_b_out);
   if (err.failure()) return err;
-  CopyIfNotAliased(table_out->untyped_data(), table.untyped_data(), table.size_bytes());
-  NoteUpdatedTable(table.untyped_data(), table_out->untyped_data(),
-                   static_cast<int64_t>(table.size_bytes()));
-  CopyIfNotAliased(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes());
-  CopyIfNotAliased(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes());
+  StartTableAndSlots(table, slot_a, slot_b, *table_out, *slot_a_out, *slot_b_out);
   if (commit.typed_data()[0] == 0) return ffi::Error::Success();
   const auto dims = table.dimensions();
   const int64_t d = dims[dims.size() - 1];

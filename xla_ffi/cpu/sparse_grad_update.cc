@@ -6,7 +6,6 @@
 // rounded as in sparse_update (cpu_optim.h: to nearest, or stochastically per the hparams).
 #include <vector>
 
-#include "cpu_hugepages.h"
 #include "cpu_grad.h"
 #include "cpu_optim.h"
 #include "cpu_sort.h"
@@ -60,11 +59,7 @@ ffi::Error SparseGradUpdateImpl(
                                          optimizer, per_id != 0, *table_out, *slot_a_out,
                                          *slot_b_out, *num_unique);
   if (err.failure()) return err;
-  CopyIfNotAliased(table_out->untyped_data(), table.untyped_data(), table.size_bytes());
-  NoteUpdatedTable(table.untyped_data(), table_out->untyped_data(),
-                   static_cast<int64_t>(table.size_bytes()));
-  CopyIfNotAliased(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes());
-  CopyIfNotAliased(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes());
+  StartTableAndSlots(table, slot_a, slot_b, *table_out, *slot_a_out, *slot_b_out);
   const int64_t n = static_cast<int64_t>(ids.element_count());
   SortedIds s = SortValidIds(n, [&ids](int64_t i) { return LoadId(ids, i); });
   std::vector<int64_t> starts = RunStarts(s.keys);

@@ -13,7 +13,6 @@
 // hashed from the seed, row and column: the result does not depend on the threads). Rows < 0
 // or >= V are padding and skipped. Rows must be unique (the Python op merges duplicates first
 // unless told they are unique): workers own disjoint row ranges.
-#include "cpu_hugepages.h"
 #include "cpu_optim.h"
 #include "embark_dispatch.h"
 #include "embark_ffi.h"
@@ -51,12 +50,7 @@ ffi::Error SparseUpdateImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buf
   if (err.failure()) return err;
   const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];
   const int64_t n = grads.dimensions()[0];
-  // The outputs alias the inputs (input_output_aliases); copy only if XLA did not alias.
-  CopyIfNotAliased(table_out->untyped_data(), table.untyped_data(), table.size_bytes());
-  NoteUpdatedTable(table.untyped_data(), table_out->untyped_data(),
-                   static_cast<int64_t>(table.size_bytes()));
-  CopyIfNotAliased(slot_a_out->typed_data(), slot_a.typed_data(), slot_a.size_bytes());
-  CopyIfNotAliased(slot_b_out->typed_data(), slot_b.typed_data(), slot_b.size_bytes());
+  StartTableAndSlots(table, slot_a, slot_b, *table_out, *slot_a_out, *slot_b_out);
   const abi::Hparams hp = abi::LoadHparams(hparams.typed_data());
   return DispatchFloat<HostBf16>("sparse_update", "table", table.element_type(), [&](auto tag) {
     Update(pool, static_cast<EMBARK_TYPE(tag)*>(table_out->untyped_data()),

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_hugepages.h"
 #include "embark_abi.h"
 #include "embark_ffi.h"
 
@@ -174,6 +175,20 @@ inline void ApplyRow(Optimizer opt, T* table, float* sa, float* sb, int64_t r, c
 // Copies src to dst unless XLA aliased them (input_output_aliases).
 inline void CopyIfNotAliased(void* dst, const void* src, size_t bytes) {
   if (dst != src) std::memcpy(dst, src, bytes);
+}
+
+// The table and slot outputs of an in-place update start as their inputs: copied only where
+// XLA did not alias them. A table updated in place is reported for huge-page advice.
+inline void StartTableAndSlots(const ffi::AnyBuffer& table, const ffi::Buffer<ffi::F32>& slot_a,
+                               const ffi::Buffer<ffi::F32>& slot_b,
+                               const ffi::AnyBuffer& table_out,
+                               const ffi::Buffer<ffi::F32>& slot_a_out,
+                               const ffi::Buffer<ffi::F32>& slot_b_out) {
+  CopyIfNotAliased(table_out.untyped_data(), table.untyped_data(), table.size_bytes());
+  NoteUpdatedTable(table.untyped_data(), table_out.untyped_data(),
+                   static_cast<int64_t>(table.size_bytes()));
+  CopyIfNotAliased(slot_a_out.untyped_data(), slot_a.untyped_data(), slot_a.size_bytes());
+  CopyIfNotAliased(slot_b_out.untyped_data(), slot_b.untyped_data(), slot_b.size_bytes());
 }
 
 }  // namespace embark
