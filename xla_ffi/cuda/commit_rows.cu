@@ -15,9 +15,7 @@ __global__ void CommitRowsKernel(T* table, float* sa, float* sb, const R* rows, 
                                  int64_t c, int64_t wa, int64_t wb, const int32_t* commit) {
   if (*commit == 0) return;
   const int lane = threadIdx.x & 31;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5); k < c;
-       k += warps) {
+  for (int64_t k = GridWarp(); k < c; k += GridWarps()) {
     const int64_t r = static_cast<int64_t>(rows[k]);
     if (r < 0 || r >= vocab) continue;
     for (int64_t j = lane; j < d; j += 32) table[r * d + j] = values[k * d + j];

@@ -73,6 +73,16 @@ __device__ __forceinline__ int64_t DevLoadIdAny(const void* ids, bool ids64, int
                : static_cast<int64_t>(static_cast<const int32_t*>(ids)[i]);
 }
 
+// Warp-per-item loops (a warp per row, bag or id): this thread's warp's index in the grid
+// is the first item, and the grid's warp count the stride:
+//   for (int64_t k = GridWarp(); k < n; k += GridWarps()) { ... }
+__device__ __forceinline__ int64_t GridWarp() {
+  return blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+}
+__device__ __forceinline__ int64_t GridWarps() {
+  return static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+}
+
 __device__ __forceinline__ float WarpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

@@ -123,9 +123,7 @@ __global__ void __launch_bounds__(128)
   constexpr int kChunk = VEC * LPR;
   const int lane = threadIdx.x & 31, grp = lane / LPR, sub = lane % LPR;
   const bool sqrtn = a.combiner == Combiner::SQRTN;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
-       s < a.num_segments; s += warps) {
+  for (int64_t s = GridWarp(); s < a.num_segments; s += GridWarps()) {
     const int64_t lo = offsets[s], hi = offsets[s + 1];
     float part = 0.0f, scale = 1.0f;
     for (int64_t c0 = 0; c0 < a.d; c0 += kChunk) {
@@ -201,9 +199,7 @@ __global__ void PoolAtomicKernel(const T* __restrict__ table, Args a, const floa
                                  float* acc, const int32_t* only_if) {
   if (only_if != nullptr && *only_if == 0) return;
   const int lane = threadIdx.x & 31;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
-       i < a.n; i += warps) {
+  for (int64_t i = GridWarp(); i < a.n; i += GridWarps()) {
     const int64_t s = DevLoadIdAny(a.seg, a.seg64, i);
     const int64_t id = ValidId(a, i);
     if (s < 0 || s >= a.num_segments || id < 0) continue;
@@ -217,9 +213,7 @@ __global__ void PoolAtomicKernel(const T* __restrict__ table, Args a, const floa
 template <typename T, typename O>
 __global__ void GatherRowsKernel(const T* __restrict__ table, Args a, O* __restrict__ out) {
   const int lane = threadIdx.x & 31;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
-       i < a.n; i += warps) {
+  for (int64_t i = GridWarp(); i < a.n; i += GridWarps()) {
     const int64_t id = ValidId(a, i);
     const float wi = id >= 0 ? WeightAt(a, i) : 0.0f;
     for (int64_t j = lane; j < a.d; j += 32) {

@@ -75,9 +75,7 @@ __device__ __forceinline__ void AccumulateChunk(const DedupView& v, const GradAr
 __global__ void PiecesKernel(DedupView v, GradArgs g, int64_t n) {
   const int lane = threadIdx.x & 31;
   const int64_t total = v.piece_end[n - 1];
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
-       q < total; q += warps) {
+  for (int64_t q = GridWarp(); q < total; q += GridWarps()) {
     int64_t lo = 0, hi = n - 1;  // the slot: the first k with piece_end[k] > q
     while (lo < hi) {
       const int64_t mid = (lo + hi) >> 1;
@@ -109,9 +107,7 @@ __global__ void SparseGradKernel(DedupView v, bool ids64, GradArgs g, int64_t ca
   const int lane = threadIdx.x & 31;
   const int64_t u = *v.num_unique;
   const int64_t slots = u < cap ? u : cap;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
-       k < cap; k += warps) {
+  for (int64_t k = GridWarp(); k < cap; k += GridWarps()) {
     if (lane == 0) {
       const int64_t id = k < slots ? SortedId(v, ids64, v.run_start[k]) : -1;
       if (ids64) static_cast<int64_t*>(unique_rows)[k] = id;
@@ -150,9 +146,7 @@ __global__ void SparseGradUpdateKernel(DedupView v, bool ids64, GradArgs g, T* t
   const int lane = threadIdx.x & 31;
   const Hparams h = LoadHparams(hp);
   const int64_t u = *v.num_unique;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
-       k < u; k += warps) {
+  for (int64_t k = GridWarp(); k < u; k += GridWarps()) {
     const int64_t row = SortedId(v, ids64, v.run_start[k]);
     if (row < 0 || row >= vocab) continue;
     float step = 0.0f;
@@ -203,9 +197,7 @@ __global__ void SparseGradStageKernel(DedupView v, bool ids64, GradArgs g, const
   const int lane = threadIdx.x & 31;
   const Hparams h = LoadHparams(hp);
   const int64_t u = *v.num_unique;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
-       k < cap; k += warps) {
+  for (int64_t k = GridWarp(); k < cap; k += GridWarps()) {
     const int64_t row = k < u ? SortedId(v, ids64, v.run_start[k]) : -1;
     if (row < 0 || row >= vocab) {
       if (lane == 0) StoreRow(o, k, -1);

@@ -13,9 +13,7 @@ __global__ void SparseUpdateKernel(T* table, float* sa, float* sb, const void* r
                                    Optimizer opt, const float* hp) {
   const int lane = threadIdx.x & 31;
   const Hparams h = LoadHparams(hp);
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5); k < c;
-       k += warps) {
+  for (int64_t k = GridWarp(); k < c; k += GridWarps()) {
     const int64_t r = DevLoadIdAny(rows, rows64, k);
     if (r < 0 || r >= vocab) continue;
     const float* g = grads + k * d;
