@@ -73,6 +73,52 @@ void InsertRun(const hash::Table& t, const uint32_t* w, const int64_t* bucket_of
   }
 }
 
+// The ids' positions grouped by the part that owns their bucket, in order inside each part
+// (a stable counting sort): part p owns buckets [p * B / parts, (p + 1) * B / parts), and its
+// positions are pos[start[p], start[p + 1]).
+struct PartIds {
+  std::vector<int32_t> pos;
+  std::vector<int64_t> start;
+};
+
+PartIds SplitByPart(const int64_t* bucket_of, int64_t n, int64_t buckets, int64_t parts) {
+  PartIds s{std::vector<int32_t>(static_cast<size_t>(n)),
+            std::vector<int64_t>(static_cast<size_t>(parts + 1), 0)};
+  auto part_of = [=](int64_t b) { return b * parts / buckets; };
+  for (int64_t i = 0; i < n; ++i) ++s.start[part_of(bucket_of[i]) + 1];
+  for (int64_t p = 0; p < parts; ++p) s.start[p + 1] += s.start[p];
+  std::vector<int64_t> next(s.start.begin(), s.start.end() - 1);
+  for (int64_t i = 0; i < n; ++i) s.pos[next[part_of(bucket_of[i])]++] = static_cast<int32_t>(i);
+  return s;
+}
+
+// find_or_insert of the n ids w (pairs of words) in t: slots, fresh and the summed counts.
+void InsertAll(ffi::ThreadPool& pool, const hash::Table& t, const uint32_t* w, int64_t n,
+               int32_t* out, bool* fr, int32_t* cnt) {
+  const int64_t buckets = t.num_buckets;
+  std::vector<int64_t> bucket_of(static_cast<size_t>(n));
+  int64_t* bo = bucket_of.data();
+  ParallelFor(pool, n, 1024, [=](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) bo[i] = hash::BucketOf(w[2 * i], w[2 * i + 1], buckets);
+  });
+  const int64_t threads = CpuPoolThreads();
+  const int64_t parts = n < kParallelIds ? 1 : (threads < buckets ? threads : buckets);
+  const PartIds split = SplitByPart(bo, n, buckets, parts);
+  std::vector<int64_t> part_counts(static_cast<size_t>(parts * abi::kNumHashCounts), 0);
+  ParallelFor(pool, parts, 1, [&](int64_t p0, int64_t p1) {  // a part per chunk
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t at = split.start[p];
+      InsertRun(t, w, bo, split.pos.data() + at, split.start[p + 1] - at, out, fr,
+                part_counts.data() + p * abi::kNumHashCounts);
+    }
+  });
+  for (int64_t j = 0; j < abi::kNumHashCounts; ++j) {
+    int64_t total = 0;
+    for (int64_t p = 0; p < parts; ++p) total += part_counts[p * abi::kNumHashCounts + j];
+    cnt[j] = static_cast<int32_t>(total);
+  }
+}
+
 ffi::Error HashFindOrInsertImpl(
     ffi::ThreadPool pool, ffi::AnyBuffer keys, ffi::AnyBuffer scores, ffi::AnyBuffer cand_keys,
     ffi::AnyBuffer cand_scores, ffi::AnyBuffer ids, ffi::AnyBuffer step,
@@ -92,62 +138,12 @@ ffi::Error HashFindOrInsertImpl(
                    cand_keys.size_bytes());
   CopyIfNotAliased(cand_scores_out->untyped_data(), cand_scores.untyped_data(),
                    cand_scores.size_bytes());
-  const int64_t n = ids.dimensions()[0];
-  hash::Table t = hash::TableOver(keys_out, scores_out, cand_keys_out, cand_scores_out,
-                                  bucket_size, threshold, ttl, eviction,
-                                  *static_cast<const int32_t*>(step.untyped_data()));
-  const int64_t buckets = t.num_buckets;
-  const uint32_t* w = static_cast<const uint32_t*>(ids.untyped_data());
-  int32_t* out = static_cast<int32_t*>(slots->untyped_data());
-  bool* fr = static_cast<bool*>(fresh->untyped_data());
-  int64_t total[abi::kNumHashCounts] = {};
-
-  std::vector<int64_t> bucket_of(static_cast<size_t>(n));
-  int64_t* bo = bucket_of.data();
-  ParallelFor(pool, n, 1024, [=](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) bo[i] = hash::BucketOf(w[2 * i], w[2 * i + 1], buckets);
-  });
-  const int64_t threads = CpuPoolThreads();
-  const int64_t parts = n < kParallelIds ? 1 : (threads < buckets ? threads : buckets);
-  // Positions grouped by the part owning their bucket, in order inside each part (a stable
-  // counting sort); part p owns buckets [p * B / parts, (p + 1) * B / parts).
-  std::vector<int32_t> pos(static_cast<size_t>(n));
-  std::vector<int64_t> start(static_cast<size_t>(parts + 1), 0);
-  auto part_of = [=](int64_t b) { return b * parts / buckets; };
-  for (int64_t i = 0; i < n; ++i) ++start[part_of(bo[i]) + 1];
-  for (int64_t p = 0; p < parts; ++p) start[p + 1] += start[p];
-  {
-    std::vector<int64_t> next(start.begin(), start.end() - 1);
-    for (int64_t i = 0; i < n; ++i) pos[next[part_of(bo[i])]++] = static_cast<int32_t>(i);
-  }
-  std::vector<int64_t> part_counts(static_cast<size_t>(parts * abi::kNumHashCounts), 0);
-  struct Ctx {
-    const hash::Table* t;
-    const uint32_t* w;
-    const int64_t* bo;
-    const int32_t* pos;
-    const int64_t* start;
-    int32_t* out;
-    bool* fr;
-    int64_t* counts;
-  } ctx{&t, w, bo, pos.data(), start.data(), out, fr, part_counts.data()};
-  auto run = [](void* p, int64_t part) {
-    const Ctx* c = static_cast<const Ctx*>(p);
-    InsertRun(*c->t, c->w, c->bo, c->pos + c->start[part], c->start[part + 1] - c->start[part],
-              c->out, c->fr, c->counts + part * abi::kNumHashCounts);
-  };
-  if (parts == 1) {
-    run(&ctx, 0);
-  } else {
-    CpuPoolRun(parts, run, &ctx);
-  }
-  for (int64_t p = 0; p < parts; ++p) {
-    for (int64_t j = 0; j < abi::kNumHashCounts; ++j) {
-      total[j] += part_counts[p * abi::kNumHashCounts + j];
-    }
-  }
-  int32_t* cnt = static_cast<int32_t*>(counts->untyped_data());
-  for (int64_t j = 0; j < abi::kNumHashCounts; ++j) cnt[j] = static_cast<int32_t>(total[j]);
+  const hash::Table t = hash::TableOver(keys_out, scores_out, cand_keys_out, cand_scores_out,
+                                        bucket_size, threshold, ttl, eviction,
+                                        *static_cast<const int32_t*>(step.untyped_data()));
+  InsertAll(pool, t, static_cast<const uint32_t*>(ids.untyped_data()), ids.dimensions()[0],
+            static_cast<int32_t*>(slots->untyped_data()), static_cast<bool*>(fresh->untyped_data()),
+            static_cast<int32_t*>(counts->untyped_data()));
   return ffi::Error::Success();
 }
 
