@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "cpu_optim.h"
+#include "embark_dispatch.h"
 #include "embark_ffi.h"
 #include "embark_operands.h"
 #include "kernels.h"
@@ -34,40 +35,27 @@ void Commit(ffi::ThreadPool& pool, char* table, float* sa, float* sb, const R* r
   });
 }
 
-ffi::Error CommitRowsImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffer<ffi::F32> slot_a,
-                          ffi::Buffer<ffi::F32> slot_b, ffi::AnyBuffer rows, ffi::AnyBuffer values,
-                          ffi::Buffer<ffi::F32> staged_a, ffi::Buffer<ffi::F32> staged_b,
-                          ffi::Buffer<ffi::S32> commit, ffi::Result<ffi::AnyBuffer> table_out,
-                          ffi::Result<ffi::Buffer<ffi::F32>> slot_a_out,
-                          ffi::Result<ffi::Buffer<ffi::F32>> slot_b_out, int64_t optimizer) {
-  ffi::Error err = CheckCommitRows(table, slot_a, slot_b, rows, values, staged_a, staged_b,
-                                   commit, optimizer, *table_out, *slot_a_out, *slot_b_out);
-  if (err.failure()) return err;
-  StartTableAndSlots(table, slot_a, slot_b, *table_out, *slot_a_out, *slot_b_out);
-  if (commit.typed_data()[0] == 0) return ffi::Error::Success();
-  const auto dims = table.dimensions();
-  const int64_t d = dims[dims.size() - 1];
-  const int64_t vocab = d ? static_cast<int64_t>(table.element_count()) / d : 0;
-  const int64_t c = static_cast<int64_t>(rows.element_count());
-  const int64_t row_bytes = d * static_cast<int64_t>(ffi::ByteWidth(table.element_type()));
-  const int64_t wa = abi::SlotRowWidth(optimizer, 0, d), wb = abi::SlotRowWidth(optimizer, 1, d);
-  char* tab = static_cast<char*>(table_out->untyped_data());
-  const char* val = static_cast<const char*>(values.untyped_data());
-  float* sa = slot_a_out->typed_data();
-  float* sb = slot_b_out->typed_data();
-  if (rows.element_type() == ffi::DataType::S64) {
-    Commit(pool, tab, sa, sb, static_cast<const int64_t*>(rows.untyped_data()), val,
-           staged_a.typed_data(), staged_b.typed_data(), vocab, c, row_bytes, wa, wb);
-  } else {
-    Commit(pool, tab, sa, sb, static_cast<const int32_t*>(rows.untyped_data()), val,
-           staged_a.typed_data(), staged_b.typed_data(), vocab, c, row_bytes, wa, wb);
-  }
-  return ffi::Error::Success();
+ffi::Error CommitRowsCpu(ffi::ThreadPool pool, const CommitRowsOperands& o) {
+  StartTableAndSlots(o.table, o.slot_a, o.slot_b, o.table_out, o.slot_a_out, o.slot_b_out);
+  if (o.commit.typed_data()[0] == 0) return ffi::Error::Success();
+  const TableRows t = RowsOf(o.table);
+  const int64_t row_bytes = t.d * static_cast<int64_t>(ffi::ByteWidth(o.table.element_type()));
+  const int64_t wa = abi::SlotRowWidth(o.optimizer, 0, t.d);
+  const int64_t wb = abi::SlotRowWidth(o.optimizer, 1, t.d);
+  return DispatchId("commit_rows", "rows", o.rows.element_type(), [&](auto id) {
+    Commit(pool, static_cast<char*>(o.table_out.untyped_data()), o.slot_a_out.typed_data(),
+           o.slot_b_out.typed_data(), static_cast<const EMBARK_TYPE(id)*>(o.rows.untyped_data()),
+           static_cast<const char*>(o.values.untyped_data()), o.staged_a.typed_data(),
+           o.staged_b.typed_data(), t.vocab, static_cast<int64_t>(o.rows.element_count()),
+           row_bytes, wa, wb);
+  });
 }
 
 }  // namespace
 }  // namespace embark
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkCommitRowsCpu, embark::CommitRowsImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkCommitRowsCpu,
+                              embark::CheckedHandler(embark::CheckCommitRows,
+                                                     embark::CommitRowsCpu),
                               xla::ffi::Ffi::Bind().Ctx<xla::ffi::ThreadPool>()
                                   EMBARK_COMMIT_ROWS_OPERANDS);

@@ -26,18 +26,15 @@ constexpr int64_t kBlock = 16;
 // find_or_insert: how many ids ahead a bucket is prefetched.
 constexpr int64_t kAhead = 8;
 
-ffi::Error HashFindImpl(ffi::ThreadPool pool, ffi::AnyBuffer keys, ffi::AnyBuffer scores,
-                        ffi::AnyBuffer ids, ffi::AnyBuffer step,
-                        ffi::Result<ffi::AnyBuffer> slots, int64_t bucket_size, int64_t ttl) {
-  ffi::Error err = CheckHashFind(keys, scores, ids, step, *slots, bucket_size, ttl);
-  if (err.failure()) return err;
-  const uint32_t* k = static_cast<const uint32_t*>(keys.untyped_data());
-  const int32_t* s = static_cast<const int32_t*>(scores.untyped_data());
-  const uint32_t* w = static_cast<const uint32_t*>(ids.untyped_data());
-  int32_t* out = static_cast<int32_t*>(slots->untyped_data());
-  const int32_t now = *static_cast<const int32_t*>(step.untyped_data());
-  const int64_t n = ids.dimensions()[0];
-  const int64_t buckets = hash::PairRows(keys) / bucket_size;
+ffi::Error HashFindCpu(ffi::ThreadPool pool, const HashFindOperands& o) {
+  const uint32_t* k = static_cast<const uint32_t*>(o.keys.untyped_data());
+  const int32_t* s = static_cast<const int32_t*>(o.scores.untyped_data());
+  const uint32_t* w = static_cast<const uint32_t*>(o.ids.untyped_data());
+  int32_t* out = static_cast<int32_t*>(o.slots.untyped_data());
+  const int32_t now = *static_cast<const int32_t*>(o.step.untyped_data());
+  const int64_t n = o.ids.dimensions()[0];
+  const int64_t bucket_size = o.bucket_size, ttl = o.ttl;
+  const int64_t buckets = hash::PairRows(o.keys) / bucket_size;
   ParallelFor(pool, n, 256, [=](int64_t i0, int64_t i1) {
     int64_t b[kBlock];
     for (int64_t i = i0; i < i1; i += kBlock) {
@@ -119,43 +116,34 @@ void InsertAll(ffi::ThreadPool& pool, const hash::Table& t, const uint32_t* w, i
   }
 }
 
-ffi::Error HashFindOrInsertImpl(
-    ffi::ThreadPool pool, ffi::AnyBuffer keys, ffi::AnyBuffer scores, ffi::AnyBuffer cand_keys,
-    ffi::AnyBuffer cand_scores, ffi::AnyBuffer ids, ffi::AnyBuffer step,
-    ffi::Result<ffi::AnyBuffer> keys_out, ffi::Result<ffi::AnyBuffer> scores_out,
-    ffi::Result<ffi::AnyBuffer> cand_keys_out, ffi::Result<ffi::AnyBuffer> cand_scores_out,
-    ffi::Result<ffi::AnyBuffer> slots, ffi::Result<ffi::AnyBuffer> fresh,
-    ffi::Result<ffi::AnyBuffer> counts, ffi::Result<ffi::AnyBuffer> workspace,
-    int64_t bucket_size, int64_t eviction, int64_t threshold, int64_t ttl) {
-  (void)workspace;  // the CUDA kernel's scratch; one unused byte here
-  ffi::Error err = CheckHashFindOrInsert(
-      keys, scores, cand_keys, cand_scores, ids, step, *keys_out, *scores_out, *cand_keys_out,
-      *cand_scores_out, *slots, *fresh, *counts, bucket_size, eviction, threshold, ttl);
-  if (err.failure()) return err;
-  CopyIfNotAliased(keys_out->untyped_data(), keys.untyped_data(), keys.size_bytes());
-  CopyIfNotAliased(scores_out->untyped_data(), scores.untyped_data(), scores.size_bytes());
-  CopyIfNotAliased(cand_keys_out->untyped_data(), cand_keys.untyped_data(),
-                   cand_keys.size_bytes());
-  CopyIfNotAliased(cand_scores_out->untyped_data(), cand_scores.untyped_data(),
-                   cand_scores.size_bytes());
-  const hash::Table t = hash::TableOver(keys_out, scores_out, cand_keys_out, cand_scores_out,
-                                        bucket_size, threshold, ttl, eviction,
-                                        *static_cast<const int32_t*>(step.untyped_data()));
-  InsertAll(pool, t, static_cast<const uint32_t*>(ids.untyped_data()), ids.dimensions()[0],
-            static_cast<int32_t*>(slots->untyped_data()), static_cast<bool*>(fresh->untyped_data()),
-            static_cast<int32_t*>(counts->untyped_data()));
+// The workspace operand is the CUDA kernel's scratch (one unused byte here).
+ffi::Error HashFindOrInsertCpu(ffi::ThreadPool pool, const HashFindOrInsertOperands& o) {
+  CopyIfNotAliased(o.keys_out.untyped_data(), o.keys.untyped_data(), o.keys.size_bytes());
+  CopyIfNotAliased(o.scores_out.untyped_data(), o.scores.untyped_data(), o.scores.size_bytes());
+  CopyIfNotAliased(o.cand_keys_out.untyped_data(), o.cand_keys.untyped_data(),
+                   o.cand_keys.size_bytes());
+  CopyIfNotAliased(o.cand_scores_out.untyped_data(), o.cand_scores.untyped_data(),
+                   o.cand_scores.size_bytes());
+  const hash::Table t = hash::TableOver(o, *static_cast<const int32_t*>(o.step.untyped_data()));
+  InsertAll(pool, t, static_cast<const uint32_t*>(o.ids.untyped_data()), o.ids.dimensions()[0],
+            static_cast<int32_t*>(o.slots.untyped_data()),
+            static_cast<bool*>(o.fresh.untyped_data()),
+            static_cast<int32_t*>(o.counts.untyped_data()));
   return ffi::Error::Success();
 }
 
 }  // namespace
 }  // namespace embark
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkHashFindCpu, embark::HashFindImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkHashFindCpu,
+                              embark::CheckedHandler(embark::CheckHashFind, embark::HashFindCpu),
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::ThreadPool>()
                                   EMBARK_HASH_FIND_OPERANDS);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkHashFindOrInsertCpu, embark::HashFindOrInsertImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkHashFindOrInsertCpu,
+                              embark::CheckedHandler(embark::CheckHashFindOrInsert,
+                                                     embark::HashFindOrInsertCpu),
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::ThreadPool>()
                                   EMBARK_HASH_FIND_OR_INSERT_OPERANDS);

@@ -24,41 +24,24 @@ __global__ void CommitRowsKernel(T* table, float* sa, float* sb, const R* rows, 
   }
 }
 
-ffi::Error CommitRowsCudaImpl(cudaStream_t stream, ffi::AnyBuffer table,
-                              ffi::Buffer<ffi::F32> slot_a, ffi::Buffer<ffi::F32> slot_b,
-                              ffi::AnyBuffer rows, ffi::AnyBuffer values,
-                              ffi::Buffer<ffi::F32> staged_a, ffi::Buffer<ffi::F32> staged_b,
-                              ffi::Buffer<ffi::S32> commit, ffi::Result<ffi::AnyBuffer> table_out,
-                              ffi::Result<ffi::Buffer<ffi::F32>> slot_a_out,
-                              ffi::Result<ffi::Buffer<ffi::F32>> slot_b_out, int64_t optimizer) {
-  ffi::Error err = CheckCommitRows(table, slot_a, slot_b, rows, values, staged_a, staged_b,
-                                   commit, optimizer, *table_out, *slot_a_out, *slot_b_out);
+ffi::Error CommitRowsCuda(cudaStream_t stream, const CommitRowsOperands& o) {
+  ffi::Error err = StartFromInputs(
+      "commit_rows", stream,
+      {Same(o.table_out, o.table), Same(o.slot_a_out, o.slot_a), Same(o.slot_b_out, o.slot_b)});
   if (err.failure()) return err;
-  err = StartFromInputs("commit_rows", stream,
-                        {Same(table_out, table), Same(slot_a_out, slot_a), Same(slot_b_out, slot_b)});
-  if (err.failure()) return err;
-  const auto dims = table.dimensions();
-  const int64_t d = dims[dims.size() - 1];
-  const int64_t vocab = d ? static_cast<int64_t>(table.element_count()) / d : 0;
-  const int64_t c = static_cast<int64_t>(rows.element_count());
-  const int64_t wa = abi::SlotRowWidth(optimizer, 0, d), wb = abi::SlotRowWidth(optimizer, 1, d);
-  const bool rows64 = rows.element_type() == ffi::DataType::S64;
-  err = DispatchFloat<DevBf16>("commit_rows", "table", table.element_type(), [&](auto tag) {
+  const TableRows t = RowsOf(o.table);
+  const int64_t c = static_cast<int64_t>(o.rows.element_count());
+  const int64_t wa = abi::SlotRowWidth(o.optimizer, 0, t.d);
+  const int64_t wb = abi::SlotRowWidth(o.optimizer, 1, t.d);
+  err = DispatchFloat<DevBf16>("commit_rows", "table", o.table.element_type(), [&](auto tag) {
     using T = EMBARK_TYPE(tag);
-    T* tab = static_cast<T*>(table_out->untyped_data());
-    const T* val = static_cast<const T*>(values.untyped_data());
-    const unsigned grid = GridFor(c, 8);
-    if (rows64) {
-      CommitRowsKernel<T><<<grid, 256, 0, stream>>>(
-          tab, slot_a_out->typed_data(), slot_b_out->typed_data(),
-          static_cast<const int64_t*>(rows.untyped_data()), val, staged_a.typed_data(),
-          staged_b.typed_data(), vocab, d, c, wa, wb, commit.typed_data());
-    } else {
-      CommitRowsKernel<T><<<grid, 256, 0, stream>>>(
-          tab, slot_a_out->typed_data(), slot_b_out->typed_data(),
-          static_cast<const int32_t*>(rows.untyped_data()), val, staged_a.typed_data(),
-          staged_b.typed_data(), vocab, d, c, wa, wb, commit.typed_data());
-    }
+    return DispatchId("commit_rows", "rows", o.rows.element_type(), [&](auto id) {
+      CommitRowsKernel<T><<<GridFor(c, 8), 256, 0, stream>>>(
+          static_cast<T*>(o.table_out.untyped_data()), o.slot_a_out.typed_data(),
+          o.slot_b_out.typed_data(), static_cast<const EMBARK_TYPE(id)*>(o.rows.untyped_data()),
+          static_cast<const T*>(o.values.untyped_data()), o.staged_a.typed_data(),
+          o.staged_b.typed_data(), t.vocab, t.d, c, wa, wb, o.commit.typed_data());
+    });
   });
   if (err.failure()) return err;
   return CudaStatus("commit_rows");
@@ -67,7 +50,9 @@ ffi::Error CommitRowsCudaImpl(cudaStream_t stream, ffi::AnyBuffer table,
 }  // namespace
 }  // namespace embark
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkCommitRowsCuda, embark::CommitRowsCudaImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkCommitRowsCuda,
+                              embark::CheckedHandler(embark::CheckCommitRows,
+                                                     embark::CommitRowsCuda),
                               xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                   EMBARK_COMMIT_ROWS_OPERANDS,
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -129,8 +129,12 @@ struct InOut {
   size_t bytes;
 };
 template <typename Out, typename In>
-InOut Same(Out& out, const In& in) {
-  return {out->untyped_data(), in.untyped_data(), in.size_bytes()};
+InOut Same(const Out& out, const In& in) {
+  return {out.untyped_data(), in.untyped_data(), in.size_bytes()};
+}
+template <typename Out, typename In>
+InOut Same(ffi::Result<Out>& out, const In& in) {
+  return Same(*out, in);
 }
 
 // Each output of an in-place handler starts as its input: XLA aliases them

@@ -103,73 +103,57 @@ __global__ void InsertRuns(hash::Table t, const uint32_t* ids, const uint32_t* s
   }
 }
 
-ffi::Error HashFindCudaImpl(cudaStream_t stream, ffi::AnyBuffer keys, ffi::AnyBuffer scores,
-                            ffi::AnyBuffer ids, ffi::AnyBuffer step,
-                            ffi::Result<ffi::AnyBuffer> slots, int64_t bucket_size, int64_t ttl) {
-  ffi::Error err = CheckHashFind(keys, scores, ids, step, *slots, bucket_size, ttl);
-  if (err.failure()) return err;
-  const int64_t n = ids.dimensions()[0];
-  const int64_t buckets = hash::PairRows(keys) / bucket_size;
+ffi::Error HashFindCuda(cudaStream_t stream, const HashFindOperands& o) {
+  const int64_t n = o.ids.dimensions()[0];
+  const int64_t buckets = hash::PairRows(o.keys) / o.bucket_size;
   if (n > 0) {
     HashFindKernel<<<GridFor(n, 256), 256, 0, stream>>>(
-        static_cast<const uint32_t*>(keys.untyped_data()),
-        static_cast<const int32_t*>(scores.untyped_data()),
-        static_cast<const uint32_t*>(ids.untyped_data()),
-        static_cast<const int32_t*>(step.untyped_data()), n, buckets, bucket_size, ttl,
-        static_cast<int32_t*>(slots->untyped_data()));
+        static_cast<const uint32_t*>(o.keys.untyped_data()),
+        static_cast<const int32_t*>(o.scores.untyped_data()),
+        static_cast<const uint32_t*>(o.ids.untyped_data()),
+        static_cast<const int32_t*>(o.step.untyped_data()), n, buckets, o.bucket_size, o.ttl,
+        static_cast<int32_t*>(o.slots.untyped_data()));
   }
   return CudaStatus("hash_find");
 }
 
-ffi::Error HashFindOrInsertCudaImpl(
-    cudaStream_t stream, ffi::AnyBuffer keys, ffi::AnyBuffer scores, ffi::AnyBuffer cand_keys,
-    ffi::AnyBuffer cand_scores, ffi::AnyBuffer ids, ffi::AnyBuffer step,
-    ffi::Result<ffi::AnyBuffer> keys_out, ffi::Result<ffi::AnyBuffer> scores_out,
-    ffi::Result<ffi::AnyBuffer> cand_keys_out, ffi::Result<ffi::AnyBuffer> cand_scores_out,
-    ffi::Result<ffi::AnyBuffer> slots, ffi::Result<ffi::AnyBuffer> fresh,
-    ffi::Result<ffi::AnyBuffer> counts, ffi::Result<ffi::AnyBuffer> workspace,
-    int64_t bucket_size, int64_t eviction, int64_t threshold, int64_t ttl) {
-  const char* what = "hash_find_or_insert";
-  ffi::Error err = CheckHashFindOrInsert(
-      keys, scores, cand_keys, cand_scores, ids, step, *keys_out, *scores_out, *cand_keys_out,
-      *cand_scores_out, *slots, *fresh, *counts, bucket_size, eviction, threshold, ttl);
-  if (err.failure()) return err;
-  const int64_t n = ids.dimensions()[0];
+// Checks that n ids fit the CUB sort and the int32 positions, then lays out their workspace
+// in *layout and checks that `workspace` holds it.
+ffi::Error PlanWorkspace(const char* what, int64_t n, const ffi::AnyBuffer& workspace,
+                         HashLayout* layout) {
   if (n > static_cast<int64_t>(INT_MAX) - 1) {
     return InvalidArgument(std::string(what) + ": at most " + std::to_string(INT_MAX - 1) +
                            " ids (CUB's item count and the int32 positions), got " +
                            std::to_string(n));
   }
-  const HashLayout L = Layout(n);
+  *layout = Layout(n);
+  const HashLayout& L = *layout;
   if (L.cub_status != cudaSuccess) {
     return CudaError(what, "CUB temporary storage query", L.cub_status);
   }
-  if (workspace->size_bytes() < L.total) {
+  if (workspace.size_bytes() < L.total) {
     return InvalidArgument(std::string(what) + ": workspace has " +
-                           std::to_string(workspace->size_bytes()) + " bytes, needs " +
+                           std::to_string(workspace.size_bytes()) + " bytes, needs " +
                            std::to_string(L.total) +
                            " (size it with _ffi_cuda.hash_table_workspace_bytes)");
   }
-  err = StartFromInputs(what, stream,
-                        {Same(keys_out, keys), Same(scores_out, scores),
-                         Same(cand_keys_out, cand_keys), Same(cand_scores_out, cand_scores)});
-  if (err.failure()) return err;
-  int32_t* cnt = static_cast<int32_t*>(counts->untyped_data());
-  EMBARK_CUDA_RETURN_IF_ERROR(
-      what, cudaMemsetAsync(cnt, 0, sizeof(int32_t) * abi::kNumHashCounts, stream));
-  if (n == 0) return CudaStatus(what);
+  return ffi::Error::Success();
+}
+
+// Sorts the ids' positions by bucket, then runs each bucket's ids in order (a thread each).
+ffi::Error InsertSorted(const char* what, cudaStream_t stream, const HashFindOrInsertOperands& o,
+                        const HashLayout& L, int64_t n, int32_t* cnt) {
   // the step is read on the device
-  hash::Table t = hash::TableOver(keys_out, scores_out, cand_keys_out, cand_scores_out,
-                                  bucket_size, threshold, ttl, eviction, 0);
+  const hash::Table t = hash::TableOver(o, 0);
   const int64_t buckets = t.num_buckets;
-  char* ws = static_cast<char*>(workspace->untyped_data());
+  char* ws = static_cast<char*>(o.workspace.untyped_data());
   uint32_t* ka = reinterpret_cast<uint32_t*>(ws + L.keys_a);
   uint32_t* kb = reinterpret_cast<uint32_t*>(ws + L.keys_b);
   int32_t* va = reinterpret_cast<int32_t*>(ws + L.vals_a);
   int32_t* vb = reinterpret_cast<int32_t*>(ws + L.vals_b);
-  const uint32_t* w = static_cast<const uint32_t*>(ids.untyped_data());
-  int32_t* out = static_cast<int32_t*>(slots->untyped_data());
-  bool* fr = static_cast<bool*>(fresh->untyped_data());
+  const uint32_t* w = static_cast<const uint32_t*>(o.ids.untyped_data());
+  int32_t* out = static_cast<int32_t*>(o.slots.untyped_data());
+  bool* fr = static_cast<bool*>(o.fresh.untyped_data());
   BucketKeys<<<GridFor(n, 256), 256, 0, stream>>>(w, n, buckets, ka, va, out, fr);
   cub::DoubleBuffer<uint32_t> sk(ka, kb);
   cub::DoubleBuffer<int32_t> sv(va, vb);
@@ -178,9 +162,27 @@ ffi::Error HashFindOrInsertCudaImpl(
       what, cub::DeviceRadixSort::SortPairs(ws + L.cub_temp, temp, sk, sv, static_cast<int>(n), 0,
                                             BucketBits(buckets), stream));
   InsertRuns<<<GridFor(n, 128), 128, 0, stream>>>(
-      t, w, sk.Current(), sv.Current(), n, static_cast<const int32_t*>(step.untyped_data()), out,
-      fr, cnt);
+      t, w, sk.Current(), sv.Current(), n, static_cast<const int32_t*>(o.step.untyped_data()),
+      out, fr, cnt);
   return CudaStatus(what);
+}
+
+ffi::Error HashFindOrInsertCuda(cudaStream_t stream, const HashFindOrInsertOperands& o) {
+  const char* what = "hash_find_or_insert";
+  const int64_t n = o.ids.dimensions()[0];
+  HashLayout L{};
+  ffi::Error err = PlanWorkspace(what, n, o.workspace, &L);
+  if (err.failure()) return err;
+  err = StartFromInputs(what, stream,
+                        {Same(o.keys_out, o.keys), Same(o.scores_out, o.scores),
+                         Same(o.cand_keys_out, o.cand_keys),
+                         Same(o.cand_scores_out, o.cand_scores)});
+  if (err.failure()) return err;
+  int32_t* cnt = static_cast<int32_t*>(o.counts.untyped_data());
+  EMBARK_CUDA_RETURN_IF_ERROR(
+      what, cudaMemsetAsync(cnt, 0, sizeof(int32_t) * abi::kNumHashCounts, stream));
+  if (n == 0) return CudaStatus(what);
+  return InsertSorted(what, stream, o, L, n, cnt);
 }
 
 }  // namespace
@@ -197,13 +199,16 @@ size_t HashTableWorkspaceBytes(int64_t n) {
 
 }  // namespace embark
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkHashFindCuda, embark::HashFindCudaImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkHashFindCuda,
+                              embark::CheckedHandler(embark::CheckHashFind, embark::HashFindCuda),
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                   EMBARK_HASH_FIND_OPERANDS,
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkHashFindOrInsertCuda, embark::HashFindOrInsertCudaImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkHashFindOrInsertCuda,
+                              embark::CheckedHandler(embark::CheckHashFindOrInsert,
+                                                     embark::HashFindOrInsertCuda),
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                   EMBARK_HASH_FIND_OR_INSERT_OPERANDS,

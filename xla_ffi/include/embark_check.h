@@ -145,4 +145,28 @@ class Check {
   std::string message_;
 };
 
+// An operand as a target's operands struct holds it: a result as its buffer.
+template <typename T>
+T Unwrapped(T operand) {
+  return operand;
+}
+template <typename T>
+T Unwrapped(ffi::Result<T> result) {
+  return *result;
+}
+
+// The implementation of a handler whose operands (all that XLA binds after the context, in
+// the binding's order) initialise one struct, Ops: both backends' handlers of a target take
+// the same struct, so its operand list is written once. The call runs check(ops), the
+// contract both backends share, then, if it holds, run(ctx, ops), the backend's kernel.
+template <typename Ops, typename Run>
+auto CheckedHandler(ffi::Error (*check)(const Ops&), Run run) {
+  return [check, run](auto ctx, auto... operands) -> ffi::Error {
+    const Ops ops{Unwrapped(std::move(operands))...};
+    ffi::Error err = check(ops);
+    if (err.failure()) return err;
+    return run(ctx, ops);
+  };
+}
+
 }  // namespace embark

@@ -64,23 +64,39 @@ inline int64_t PairRows(const B& b) {
   return static_cast<int64_t>(b.element_count()) / 2;
 }
 
+}  // namespace hash
+
+// embark_hash_find's operands, in EMBARK_HASH_FIND_OPERANDS' order (CheckedHandler).
+struct HashFindOperands {
+  ffi::AnyBuffer keys, scores, ids, step;
+  ffi::AnyBuffer slots;
+  int64_t bucket_size, ttl;
+};
+
+// embark_hash_find_or_insert's operands, in EMBARK_HASH_FIND_OR_INSERT_OPERANDS' order.
+struct HashFindOrInsertOperands {
+  ffi::AnyBuffer keys, scores, cand_keys, cand_scores, ids, step;
+  ffi::AnyBuffer keys_out, scores_out, cand_keys_out, cand_scores_out;
+  ffi::AnyBuffer slots, fresh, counts, workspace;
+  int64_t bucket_size, eviction, threshold, ttl;
+};
+
+namespace hash {
+
 // The table over find_or_insert's outputs (they alias its inputs: the kernels update them in
 // place); the candidate count comes from the candidate buffer [B * A, 2].
-inline Table TableOver(ffi::Result<ffi::AnyBuffer>& keys, ffi::Result<ffi::AnyBuffer>& scores,
-                       ffi::Result<ffi::AnyBuffer>& cand_keys,
-                       ffi::Result<ffi::AnyBuffer>& cand_scores, int64_t bucket_size,
-                       int64_t threshold, int64_t ttl, int64_t eviction, int32_t step) {
-  const int64_t buckets = PairRows(*keys) / bucket_size;
-  return Table{static_cast<uint32_t*>(keys->untyped_data()),
-               static_cast<int32_t*>(scores->untyped_data()),
-               static_cast<uint32_t*>(cand_keys->untyped_data()),
-               static_cast<int32_t*>(cand_scores->untyped_data()),
+inline Table TableOver(const HashFindOrInsertOperands& o, int32_t step) {
+  const int64_t buckets = PairRows(o.keys_out) / o.bucket_size;
+  return Table{static_cast<uint32_t*>(o.keys_out.untyped_data()),
+               static_cast<int32_t*>(o.scores_out.untyped_data()),
+               static_cast<uint32_t*>(o.cand_keys_out.untyped_data()),
+               static_cast<int32_t*>(o.cand_scores_out.untyped_data()),
                buckets,
-               bucket_size,
-               PairRows(*cand_keys) / buckets,
-               threshold,
-               ttl,
-               eviction,
+               o.bucket_size,
+               PairRows(o.cand_keys_out) / buckets,
+               o.threshold,
+               o.ttl,
+               o.eviction,
                step};
 }
 
@@ -301,63 +317,67 @@ inline ffi::Error CheckHashAttrs(const char* kernel, const ffi::AnyBuffer& keys,
 }
 
 // embark_hash_find: the table operands.
-inline ffi::Error CheckHashFind(const ffi::AnyBuffer& keys, const ffi::AnyBuffer& scores,
-                                const ffi::AnyBuffer& ids, const ffi::AnyBuffer& step,
-                                const ffi::AnyBuffer& slots, int64_t bucket_size, int64_t ttl) {
+inline ffi::Error CheckHashFind(const HashFindOperands& o) {
   Check c("hash_find");
-  CheckHashTableOperands(c, keys, scores, ids, step, slots);
+  CheckHashTableOperands(c, o.keys, o.scores, o.ids, o.step, o.slots);
   if (c.failed()) return c.error();
-  return CheckHashAttrs("hash_find", keys, bucket_size, ttl);
+  return CheckHashAttrs("hash_find", o.keys, o.bucket_size, o.ttl);
 }
 
-// embark_hash_find_or_insert: the table operands; cand_keys [B * A, 2] uint32 and cand_scores
-// of its shape int32 (A >= 1 candidates per bucket when threshold > 1); the four state
-// outputs of their inputs' shapes (aliased); fresh [N] bool; counts [kNumHashCounts] int32.
-inline ffi::Error CheckHashFindOrInsert(
-    const ffi::AnyBuffer& keys, const ffi::AnyBuffer& scores, const ffi::AnyBuffer& cand_keys,
-    const ffi::AnyBuffer& cand_scores, const ffi::AnyBuffer& ids, const ffi::AnyBuffer& step,
-    const ffi::AnyBuffer& keys_out, const ffi::AnyBuffer& scores_out,
-    const ffi::AnyBuffer& cand_keys_out, const ffi::AnyBuffer& cand_scores_out,
-    const ffi::AnyBuffer& slots, const ffi::AnyBuffer& fresh, const ffi::AnyBuffer& counts,
-    int64_t bucket_size, int64_t eviction, int64_t threshold, int64_t ttl) {
-  const char* k = "hash_find_or_insert";
-  Check c(k);
-  CheckHashTableOperands(c, keys, scores, ids, step, slots);
-  PairArray(c, "cand_keys", cand_keys, "the (lo, hi) words of each candidate")
-      .Type("cand_keys", cand_keys.element_type(), ffi::DataType::U32)
-      .SameShape("cand_scores", cand_scores, cand_keys, "one score per candidate")
-      .Type("cand_scores", cand_scores.element_type(), ffi::DataType::S32)
-      .SameShape("keys output", keys_out, keys, "the keys': updated in place")
-      .Type("keys output", keys_out.element_type(), ffi::DataType::U32)
-      .SameShape("scores output", scores_out, scores, "the scores': updated in place")
-      .Type("scores output", scores_out.element_type(), ffi::DataType::S32)
-      .SameShape("cand_keys output", cand_keys_out, cand_keys, "cand_keys': updated in place")
-      .Type("cand_keys output", cand_keys_out.element_type(), ffi::DataType::U32)
-      .SameShape("cand_scores output", cand_scores_out, cand_scores,
+// find_or_insert's other arrays: cand_keys [B * A, 2] uint32 and cand_scores of its shape
+// int32; the four state outputs of their inputs' shapes (aliased); fresh bool; counts
+// [kNumHashCounts] int32; and the eviction attribute.
+inline void CheckInsertArrays(Check& c, const HashFindOrInsertOperands& o) {
+  PairArray(c, "cand_keys", o.cand_keys, "the (lo, hi) words of each candidate")
+      .Type("cand_keys", o.cand_keys.element_type(), ffi::DataType::U32)
+      .SameShape("cand_scores", o.cand_scores, o.cand_keys, "one score per candidate")
+      .Type("cand_scores", o.cand_scores.element_type(), ffi::DataType::S32)
+      .SameShape("keys output", o.keys_out, o.keys, "the keys': updated in place")
+      .Type("keys output", o.keys_out.element_type(), ffi::DataType::U32)
+      .SameShape("scores output", o.scores_out, o.scores, "the scores': updated in place")
+      .Type("scores output", o.scores_out.element_type(), ffi::DataType::S32)
+      .SameShape("cand_keys output", o.cand_keys_out, o.cand_keys,
+                 "cand_keys': updated in place")
+      .Type("cand_keys output", o.cand_keys_out.element_type(), ffi::DataType::U32)
+      .SameShape("cand_scores output", o.cand_scores_out, o.cand_scores,
                  "cand_scores': updated in place")
-      .Type("cand_scores output", cand_scores_out.element_type(), ffi::DataType::S32)
-      .Type("fresh", fresh.element_type(), ffi::DataType::PRED)
-      .Type("counts", counts.element_type(), ffi::DataType::S32)
-      .Count("counts", counts, abi::kNumHashCounts, "one per ABI hash count")
-      .Attr("eviction", eviction, abi::kEvictionNames, abi::kNumEvictions);
-  if (c.failed()) return c.error();
-  c.Count("fresh", fresh, ids.dimensions()[0], "[N], one per id");
-  if (c.failed()) return c.error();
-  ffi::Error err = CheckHashAttrs(k, keys, bucket_size, ttl);
-  if (err.failure()) return err;
-  const int64_t buckets = hash::PairRows(keys) / bucket_size;
-  const int64_t cands = hash::PairRows(cand_keys);
-  if (threshold < 1) {
+      .Type("cand_scores output", o.cand_scores_out.element_type(), ffi::DataType::S32)
+      .Type("fresh", o.fresh.element_type(), ffi::DataType::PRED)
+      .Type("counts", o.counts.element_type(), ffi::DataType::S32)
+      .Count("counts", o.counts, abi::kNumHashCounts, "one per ABI hash count")
+      .Attr("eviction", o.eviction, abi::kEvictionNames, abi::kNumEvictions);
+}
+
+// threshold >= 1, and A candidates per bucket: cand_keys' rows a multiple of the B buckets,
+// at least one per bucket when threshold > 1.
+inline ffi::Error CheckCandidates(const char* k, const HashFindOrInsertOperands& o) {
+  const int64_t buckets = hash::PairRows(o.keys) / o.bucket_size;
+  const int64_t cands = hash::PairRows(o.cand_keys);
+  if (o.threshold < 1) {
     return InvalidArgument(std::string(k) + ": attribute threshold must be >= 1, got " +
-                           std::to_string(threshold));
+                           std::to_string(o.threshold));
   }
-  if (cands % buckets != 0 || (threshold > 1 && cands == 0)) {
+  if (cands % buckets != 0 || (o.threshold > 1 && cands == 0)) {
     return InvalidArgument(std::string(k) + ": cand_keys must have a multiple of the " +
                            std::to_string(buckets) + " buckets as rows" +
-                           (threshold > 1 ? " (at least one per bucket: threshold > 1)" : "") +
+                           (o.threshold > 1 ? " (at least one per bucket: threshold > 1)" : "") +
                            ", got " + std::to_string(cands));
   }
   return ffi::Error::Success();
+}
+
+// embark_hash_find_or_insert: the table operands, the arrays above, fresh [N], the attributes.
+inline ffi::Error CheckHashFindOrInsert(const HashFindOrInsertOperands& o) {
+  const char* k = "hash_find_or_insert";
+  Check c(k);
+  CheckHashTableOperands(c, o.keys, o.scores, o.ids, o.step, o.slots);
+  CheckInsertArrays(c, o);
+  if (c.failed()) return c.error();
+  c.Count("fresh", o.fresh, o.ids.dimensions()[0], "[N], one per id");
+  if (c.failed()) return c.error();
+  ffi::Error err = CheckHashAttrs(k, o.keys, o.bucket_size, o.ttl);
+  if (err.failure()) return err;
+  return CheckCandidates(k, o);
 }
 
 }  // namespace embark

@@ -289,6 +289,29 @@ inline ffi::Error CheckSparseGradStage(const ffi::AnyBuffer& table, const F32Buf
   return c.failed() ? c.error() : ffi::Error::Success();
 }
 
+// The rows of a table [..., D] of any rank >= 2 (its rows are all leading dimensions) and
+// their width D.
+struct TableRows {
+  int64_t vocab, d;
+};
+inline TableRows RowsOf(const ffi::AnyBuffer& table) {
+  const auto dims = table.dimensions();
+  const int64_t d = dims[dims.size() - 1];
+  return {d ? static_cast<int64_t>(table.element_count()) / d : 0, d};
+}
+
+// embark_commit_rows' operands, in EMBARK_COMMIT_ROWS_OPERANDS' order (CheckedHandler).
+struct CommitRowsOperands {
+  ffi::AnyBuffer table;
+  F32Buffer slot_a, slot_b;
+  ffi::AnyBuffer rows, values;
+  F32Buffer staged_a, staged_b;
+  S32Buffer commit;
+  ffi::AnyBuffer table_out;
+  F32Buffer slot_a_out, slot_b_out;
+  int64_t optimizer;
+};
+
 // embark_commit_rows: a table [..., D] of any rank >= 2 (its rows are all leading
 // dimensions: a shard_map block [1, R, D] is updated without a reshape, which would make XLA
 // copy the aliased buffer), its slots, the staged rows, and commit; the outputs
@@ -296,29 +319,24 @@ inline ffi::Error CheckSparseGradStage(const ffi::AnyBuffer& table, const F32Buf
 // are never read: they are values the write must wait for (XLA orders a call after the
 // producers of its operands, so an update is not placed before a lookup that reads the same
 // table, which would otherwise make XLA copy the whole table to keep them apart).
-inline ffi::Error CheckCommitRows(const ffi::AnyBuffer& table, const F32Buffer& slot_a,
-                                  const F32Buffer& slot_b, const ffi::AnyBuffer& rows,
-                                  const ffi::AnyBuffer& values, const F32Buffer& staged_a,
-                                  const F32Buffer& staged_b, const S32Buffer& commit,
-                                  int64_t optimizer, const ffi::AnyBuffer& table_out,
-                                  const F32Buffer& slot_a_out, const F32Buffer& slot_b_out) {
+inline ffi::Error CheckCommitRows(const CommitRowsOperands& o) {
+  const int64_t optimizer = o.optimizer;
   Check c("commit_rows");
-  c.FloatType("table", table.element_type())
+  c.FloatType("table", o.table.element_type())
       .Attr("optimizer", optimizer, abi::kOptimizerNames, abi::kNumOptimizers)
-      .MinCount("commit", commit, 1, "the verdict, then any ordering operands");
-  if (!c.failed() && table.dimensions().size() < 2) {
-    c.Rank("table", table, 2, "[..., R, D]");
+      .MinCount("commit", o.commit, 1, "the verdict, then any ordering operands");
+  if (!c.failed() && o.table.dimensions().size() < 2) {
+    c.Rank("table", o.table, 2, "[..., R, D]");
   }
   if (c.failed()) return c.error();
-  const auto dims = table.dimensions();
-  const int64_t d = dims[dims.size() - 1];
-  const int64_t vocab = d ? static_cast<int64_t>(table.element_count()) / d : 0;
+  const TableRows t = RowsOf(o.table);
   const std::string why = std::string(abi::kOptimizerNames[optimizer]) + " on " +
-                          std::to_string(vocab) + " rows of width " + std::to_string(d);
-  c.MinCount("slot_a", slot_a, abi::SlotElements(optimizer, 0, vocab, d), why)
-      .MinCount("slot_b", slot_b, abi::SlotElements(optimizer, 1, vocab, d), why);
-  CheckOptimizerOutputs(c, table, slot_a, slot_b, table_out, slot_a_out, slot_b_out);
-  CheckStagedRows(c, table, rows, values, staged_a, staged_b, optimizer, d);
+                          std::to_string(t.vocab) + " rows of width " + std::to_string(t.d);
+  c.MinCount("slot_a", o.slot_a, abi::SlotElements(optimizer, 0, t.vocab, t.d), why)
+      .MinCount("slot_b", o.slot_b, abi::SlotElements(optimizer, 1, t.vocab, t.d), why);
+  CheckOptimizerOutputs(c, o.table, o.slot_a, o.slot_b, o.table_out, o.slot_a_out,
+                        o.slot_b_out);
+  CheckStagedRows(c, o.table, o.rows, o.values, o.staged_a, o.staged_b, optimizer, t.d);
   return c.failed() ? c.error() : ffi::Error::Success();
 }
 
