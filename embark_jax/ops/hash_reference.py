@@ -96,10 +96,7 @@ def find(
 
 
 def find_or_insert(
-    keys: jax.Array,
-    scores: jax.Array,
-    cand_keys: jax.Array,
-    cand_scores: jax.Array,
+    arrays: tuple[jax.Array, jax.Array, jax.Array, jax.Array],
     ids: jax.Array,
     step: jax.Array,
     *,
@@ -108,10 +105,12 @@ def find_or_insert(
     threshold: int,
     ttl: int,
 ):
-    """The ids one at a time, in order (embark_hash_table.h states the rules).
+    """The ids one at a time, in order (embark_hash_table.h states the rules). `arrays`:
+    the table's `(keys, scores, cand_keys, cand_scores)`, each `[rows, 2]`.
 
     Returns `(keys, scores, cand_keys, cand_scores, slots [N] int32, fresh [N] bool,
     counts [len(abi.HashCount)] int32)`."""
+    keys, scores, cand_keys, cand_scores = arrays
     s = bucket_size
     num_buckets = keys.shape[0] // s
     a = cand_keys.shape[0] // num_buckets

@@ -215,8 +215,8 @@ def find_or_insert_slots(
     attrs = dict(bucket_size=bucket_size, eviction=int(eviction_id), threshold=threshold, ttl=ttl)
     if resolve(backend) is Backend.REFERENCE:
         shapes = (keys.shape, scores.shape, cand_keys.shape, cand_scores.shape)
-        flat = (x.reshape(-1, 2) for x in (keys, scores, cand_keys, cand_scores))
-        out = hash_reference.find_or_insert(*flat, ids, step, **attrs)
+        flat = tuple(x.reshape(-1, 2) for x in (keys, scores, cand_keys, cand_scores))
+        out = hash_reference.find_or_insert(flat, ids, step, **attrs)
         return tuple(x.reshape(s) for x, s in zip(out[:4], shapes, strict=True)) + tuple(out[4:])
     n = ids.shape[0]
     ws = 1
