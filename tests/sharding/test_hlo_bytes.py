@@ -7,7 +7,7 @@ the two-phase backward (`hlo_bytes.wire_bytes`), agree within 10% per link class
 Two predictions are checked: `traffic.plan_traffic` (the runtime's padded group buffers,
 uniform over devices) everywhere, and the per-shard prices the search ranks options by
 (`evaluate`, busiest device) wherever a plan has no group padding: one table, its row
-shards filling whole nodes.
+shards filling whole nodes. And the HLO parser itself, on a hand-written module.
 """
 
 import dataclasses
@@ -21,6 +21,7 @@ from embark_jax.ops.optimizers import SGD
 from embark_jax.planner import evaluate, get_hardware, load_preset, plan
 from embark_jax.planner.model import ModelSpec
 from embark_jax.planner.traffic import plan_traffic
+from embark_jax.sharding import hlo_bytes as comm
 from embark_jax.sharding.hlo_bytes import wire_bytes
 from tests.embedding_step import compile_embedding_step
 
@@ -157,3 +158,20 @@ def test_mini_presets(preset, mesh):
     ev = plan(spec, B, hardware(topo))
     hlo = measured(spec.embedding_config(), ev.plan)
     assert_close(predicted(spec, ev.plan), hlo, f"{preset} {mesh}")
+
+
+def test_parser_reads_sizes_dtypes_and_axes():
+    hlo = (
+        "  %a2a = (f32[1,20]{1,0}, f32[1,20]{1,0}) all-to-all(%x, %y), "
+        "replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}\n"
+        "  %ar = s32[7]{0} all-reduce(%z), replica_groups={{0,1,2,3,4,5,6,7}}\n"
+        "  ROOT %ag = bf16[2,4]{1,0} all-gather-start(%w), replica_groups={{0,4},{1,5},{2,6},{3,7}}\n"
+    )
+    got = comm.collectives(hlo, (2, 4), ("node", "local"))
+    assert [(c.kind, c.axis, c.bytes) for c in got] == [
+        ("all-to-all", "local", 160),
+        ("all-reduce", "all", 28),
+        ("all-gather", "node", 16),
+    ]
+    links = comm.link_bytes(comm.collective_bytes(hlo, (2, 4), ("node", "local")), (2, 4))
+    assert links == {"intra": 160 + 14.0, "inter": 16 + 14.0}
