@@ -72,29 +72,6 @@ def test_labels_depend_on_ids_and_are_balanced():
     assert rates.max() - rates.min() > 0.2
 
 
-def test_batch_validate_names_a_bad_label_or_dense_value_and_its_sample():
-    from embark_jax.data.batch import Batch, DataError
-
-    ds = SyntheticDataset(CFG, batch_size=8, seed=0)
-    good = ds.batch(0)
-    labels, dense = np.array(good.labels), np.array(good.dense)
-    labels[5] = 2
-    dense[3, 1] = np.nan
-    cases = [
-        (
-            Batch(good.sparse, good.dense, labels),
-            r"^labels must be 0 or 1: label 2\.0 at sample 5$",
-        ),
-        (
-            Batch(good.sparse, dense, good.labels),
-            r"^sample 3: dense feature 1 is nan, not a finite float32 number$",
-        ),
-    ]
-    for batch, message in cases:
-        with pytest.raises(DataError, match=message):
-            batch.validate(CFG, num_devices=8, num_dense=dense.shape[1])
-
-
 def test_dynamic_features_are_the_same_ids_as_key_words():
     plain = SyntheticDataset(CFG, batch_size=64, seed=5, varying_lengths=True)
     dyn = SyntheticDataset(
