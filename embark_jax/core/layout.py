@@ -20,7 +20,17 @@ from typing import Any
 from embark_jax.core.plan import Cluster, TablePlan
 from embark_jax.core.specs import TableConfig
 
-__all__ = ["ShardLayout"]
+__all__ = ["ShardLayout", "local_row_of", "row_shard_of"]
+
+
+def row_shard_of(ids: Any, row_shards: Any) -> Any:
+    """Row shard that owns each id (`ids % r`); `r` may be an array (each id's table's)."""
+    return ids % row_shards
+
+
+def local_row_of(ids: Any, row_shards: Any) -> Any:
+    """Row of each id inside its row shard (`ids // r`); `r` may be an array."""
+    return ids // row_shards
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +67,11 @@ class ShardLayout:
 
     def row_shard(self, ids: Any) -> Any:
         """Row shard that owns each id (`ids % r`)."""
-        return ids % self.row_shards
+        return row_shard_of(ids, self.row_shards)
 
     def local_row(self, ids: Any) -> Any:
         """Row of each id inside its row shard (`ids // r`)."""
-        return ids // self.row_shards
+        return local_row_of(ids, self.row_shards)
 
     # --- shards -> ids -----------------------------------------------------------------
 

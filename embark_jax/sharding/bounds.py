@@ -79,22 +79,49 @@ def bounds_check(
     """`(batch with invalid ids replaced by padding, invalid count per table)`.
 
     The counts are `[len(tables)]` int32 in the order of `tables`, for this (local) batch.
-    Weights of invalid slots become 0 and lengths count only the valid ids left.
+    Weights of invalid slots become 0 and lengths count only the valid ids left. All
+    features are checked at once, their ids one after the other, each slot against its own
+    table's last row (a small per-feature table indexed by each slot's feature), so the
+    check's operations do not grow with the number of features.
     """
-    index = {t: i for i, t in enumerate(tables)}
-    counts = jnp.zeros((len(tables),), jnp.int32)
+    names = list(batch.feature_names)
+    if not names:
+        return batch, jnp.zeros((len(tables),), jnp.int32)
+    xs = [widen_ids(f"feature {n!r}: ids", jnp.asarray(batch.ids[n])) for n in names]
+    flat = jnp.concatenate([x.reshape(-1) for x in xs])
+    feats = [config.feature_by_name[n] for n in names]
+    # last valid row of each feature's table, capped at the ids' largest value (a larger
+    # table admits every non-negative id)
+    top = np.iinfo(flat.dtype).max
+    last = [min(config.table_by_name[f.table].vocab_size - 1, top) for f in feats]
+    sizes = np.array([x.size for x in xs])
+    feature = jnp.repeat(
+        jnp.arange(len(names), dtype=jnp.int32), sizes, total_repeat_length=flat.shape[0]
+    )
+    bad = (flat < PAD) | (flat > jnp.asarray(np.array(last, flat.dtype))[feature])
+    index = np.array([list(tables).index(f.table) for f in feats], np.int32)
+    counts = (
+        jnp.zeros((len(tables),), jnp.int32)
+        .at[jnp.asarray(index)[feature]]
+        .add(bad.astype(jnp.int32))
+    )
+    fixed = jnp.where(bad, jnp.asarray(PAD, flat.dtype), flat)
+    return _split_checked(batch, names, xs, fixed, bad), counts
+
+
+def _split_checked(batch, names, xs, fixed, bad) -> SparseFeatures:
+    """The checked batch per feature from the concatenated ids and invalid mask."""
     ids, lengths, weights = {}, {}, {}
-    for name in batch.feature_names:
-        table = config.table_by_name[config.feature_by_name[name].table]
-        x = widen_ids(f"feature {name!r}: ids", jnp.asarray(batch.ids[name]))
-        bad = invalid_mask(x, table.vocab_size)
-        ids[name] = jnp.where(bad, jnp.asarray(PAD, x.dtype), x)
-        n_bad = jnp.sum(bad, axis=-1, dtype=jnp.int32)
-        lengths[name] = jnp.asarray(batch.lengths[name]) - n_bad.astype(
-            jnp.asarray(batch.lengths[name]).dtype
-        )
+    start = 0
+    for name, x in zip(names, xs, strict=True):
+        end = start + x.size
+        f_bad = bad[start:end].reshape(x.shape)
+        ids[name] = fixed[start:end].reshape(x.shape).astype(x.dtype)
+        n_bad = jnp.sum(f_bad, axis=-1, dtype=jnp.int32)
+        length = jnp.asarray(batch.lengths[name])
+        lengths[name] = length - n_bad.astype(length.dtype)
         if name in batch.weights:
             w = jnp.asarray(batch.weights[name])
-            weights[name] = jnp.where(bad, jnp.zeros((), w.dtype), w)
-        counts = counts.at[index[table.name]].add(jnp.sum(n_bad, dtype=jnp.int32))
-    return SparseFeatures(ids, lengths, weights), counts
+            weights[name] = jnp.where(f_bad, jnp.zeros((), w.dtype), w)
+        start = end
+    return SparseFeatures(ids, lengths, weights)

@@ -164,9 +164,9 @@ def lookup_fn(
         outputs, residuals = {}, {}
         overflow = jnp.zeros((len(names),), jnp.int32)
         for gname, cl in clusters.items():
-            out, res, ov = cl.forward(bufs[gname][0], local_batch)
+            out, res, ov, marker = cl.forward(bufs[gname][0], local_batch)
             outputs.update(out)
-            routed = GroupResiduals(res, ops.read_marker(*out.values()))
+            routed = GroupResiduals(res, marker)
             residuals[gname] = jax.tree.map(lambda x: x[None], routed)
             idx = np.array([names.index(t) for t in cl.table_names])
             overflow = overflow.at[idx].add(ov)

@@ -34,7 +34,7 @@ from embark_jax.core.specs import Combiner, FeatureConfig
 from embark_jax.ops.optimizers import SparseOptimizer
 from embark_jax.sharding.lowering import Group, Lowered
 
-__all__ = ["ClusterBase", "FeatureInput"]
+__all__ = ["ClusterBase", "FeatureInput", "GroupInput", "group_input"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +53,46 @@ def feature_inputs(lowered: Lowered, group: Group, batch) -> dict[str, FeatureIn
         w = jnp.ones(ids.shape, jnp.float32) if w is None else w.astype(jnp.float32)
         out[f.name] = FeatureInput(ids, seg, jnp.where(ids >= 0, w, 0.0))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupInput:
+    """The local ids of all of a group's features, one feature after the other (each one's
+    `SparseFeatures.flat`), with each slot's feature and sample as arrays: what differs
+    between features enters as array operands indexed by `feature`, so the operations built
+    on it do not grow with the number of features."""
+
+    ids: jax.Array  # [N]
+    weights: jax.Array  # [N] float32 (0 for padding, 1 when unweighted)
+    feature: jax.Array  # [N] int32 index of each slot's feature in the group's features
+    sample: jax.Array  # [N] int32 sample of each slot
+    sizes: tuple[int, ...]  # slots of each feature (b * its hotness)
+
+
+def group_input(features: tuple[FeatureConfig, ...], batch) -> GroupInput:
+    """`GroupInput` of `features` from a (local) `SparseFeatures` batch."""
+    ids = [jnp.asarray(batch.ids[f.name]) for f in features]
+    hot = np.array([x.shape[1] for x in ids], np.int32)
+    sizes = tuple(int(x.size) for x in ids)
+    flat = jnp.concatenate([x.reshape(-1) for x in ids])
+    feature = jnp.repeat(
+        jnp.arange(len(sizes), dtype=jnp.int32), np.array(sizes), total_repeat_length=flat.shape[0]
+    )
+    start = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
+    pos = jnp.arange(flat.shape[0], dtype=jnp.int32)
+    sample = (pos - jnp.asarray(start)[feature]) // jnp.asarray(hot)[feature]
+    if any(f.name in batch.weights for f in features):
+        w = jnp.concatenate(
+            [
+                jnp.asarray(batch.weights[f.name], jnp.float32).reshape(-1)
+                if f.name in batch.weights
+                else jnp.ones((n,), jnp.float32)
+                for f, n in zip(features, sizes, strict=True)
+            ]
+        )
+    else:
+        w = jnp.ones(flat.shape, jnp.float32)
+    return GroupInput(flat, jnp.where(flat >= 0, w, 0.0), feature, sample, sizes)
 
 
 class ShardRequests(NamedTuple):
@@ -121,8 +161,10 @@ class ClusterBase:
 
     @staticmethod
     def apply_denominator(pooled: jax.Array, denom: jax.Array) -> jax.Array:
+        """`pooled` (`[..., b, d]`) over its bags' divisors (`[..., b]`); a bag whose divisor
+        is 0 (no id, or only zero weights) pools to zeros."""
         safe = jnp.where(denom > 0, denom, 1.0)
-        return jnp.where((denom > 0)[:, None], pooled / safe[:, None], 0.0)
+        return jnp.where((denom > 0)[..., None], pooled / safe[..., None], 0.0)
 
     # --- to be provided by each cluster ------------------------------------------------
 
@@ -140,6 +182,16 @@ class ClusterBase:
     def stage(self, buffer, state, res, g_owner, optimizer: SparseOptimizer, step, seed=None):
         raise NotImplementedError
 
+    def combine_group(self, owner_out: Any, res: Any) -> Any:
+        """The linear part of `combine` whose VJP routes the gradients back, on the
+        cluster's own output layout (`join` maps per-feature gradients onto it). Default:
+        `combine` itself, per feature."""
+        return self.combine(owner_out, res)
+
+    def join(self, output_grads: Mapping[str, jax.Array]) -> Any:
+        """The group's per-feature output gradients in `combine_group`'s layout."""
+        return {f.name: output_grads[f.name] for f in self.features}
+
     def owner_out_zeros(self, buffer: jax.Array, res: Any) -> Any:
         """Zeros shaped like `owner(buffer, res)`, varying over the mesh like it."""
         shape = jax.eval_shape(self.owner, buffer, res)
@@ -152,9 +204,17 @@ class ClusterBase:
 
     # --- generic forward and two-phase backward ---------------------------------------
 
-    def forward(self, buffer: jax.Array, batch) -> tuple[dict[str, jax.Array], Any, jax.Array]:
+    def forward(self, buffer: jax.Array, batch):
+        """`(outputs, residuals, overflow, marker)`: `marker` is `ops.read_marker` of the
+        outputs that `marker_outputs` names, for the commit to wait for."""
         res, overflow = self.route(batch)
-        return self.combine(self.owner(buffer, res), res), res, overflow
+        out = self.combine(self.owner(buffer, res), res)
+        return out, res, overflow, ops.read_marker(*self.marker_outputs(out))
+
+    def marker_outputs(self, outputs: Mapping[str, jax.Array]) -> list[jax.Array]:
+        """Outputs that together depend on every read of the buffer: all of them, unless a
+        cluster knows fewer suffice."""
+        return list(outputs.values())
 
     def backward_stage(
         self, buffer, state, res, output_grads, optimizer: SparseOptimizer, step, seed=None
@@ -166,9 +226,8 @@ class ClusterBase:
         device): stochastic rounding of the group's bfloat16 tables when the group asks for
         it (`Group.stochastic_rounding`)."""
         zeros = self.owner_out_zeros(buffer, res)
-        grads = {f.name: output_grads[f.name] for f in self.features}
-        _, vjp = jax.vjp(lambda o: self.combine(o, res), zeros)
-        (g_owner,) = vjp(grads)
+        _, vjp = jax.vjp(lambda o: self.combine_group(o, res), zeros)
+        (g_owner,) = vjp(self.join(output_grads))
         seed = seed if self.group.stochastic_rounding else None
         return self.stage(buffer, state, res, g_owner, optimizer, step, seed)
 
