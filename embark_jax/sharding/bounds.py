@@ -30,7 +30,9 @@ Runs per device inside `shard_map`: one compare and select per id slot.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import itertools
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +42,7 @@ from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import PAD, SparseFeatures
 from embark_jax.ops.ids import holds_jax_arrays, host_id_array, widen_ids
 
-__all__ = ["bounds_check", "host_batch", "invalid_mask"]
+__all__ = ["CheckedBatch", "bounds_check", "check_batch", "host_batch", "invalid_mask"]
 
 
 def host_batch(batch: SparseFeatures) -> SparseFeatures:
@@ -73,20 +75,51 @@ def invalid_mask(ids: jax.Array, vocab_size: int) -> jax.Array:
     return (ids < PAD) | (ids >= vocab_size)
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckedBatch:
+    """A device's batch after the bounds check: per feature (`features`), and every
+    feature's ids flat in one array, one feature after the other in the order checked (a
+    group's features side by side, so that a group takes its ids as one slice)."""
+
+    features: SparseFeatures
+    ids: jax.Array  # [N] the checked ids of every feature, flat
+    spans: Mapping[str, tuple[int, int]]  # feature -> (first slot in `ids`, slots)
+
+    def flat_ids(self, names: Sequence[str]) -> jax.Array:
+        """The checked ids of the features `names`, one after the other."""
+        spans = [self.spans[n] for n in names]
+        if all(a[0] + a[1] == b[0] for a, b in itertools.pairwise(spans)):
+            return self.ids[spans[0][0] : spans[-1][0] + spans[-1][1]]
+        return jnp.concatenate([self.ids[s : s + z] for s, z in spans])
+
+
 def bounds_check(
     config: EmbeddingConfig, tables: Sequence[str], batch: SparseFeatures
 ) -> tuple[SparseFeatures, jax.Array]:
     """`(batch with invalid ids replaced by padding, invalid count per table)`.
 
     The counts are `[len(tables)]` int32 in the order of `tables`, for this (local) batch.
-    Weights of invalid slots become 0 and lengths count only the valid ids left. All
-    features are checked at once, their ids one after the other, each slot against its own
-    table's last row (a small per-feature table indexed by each slot's feature), so the
-    check's operations do not grow with the number of features.
+    Weights of invalid slots become 0 and lengths count only the valid ids left.
     """
-    names = list(batch.feature_names)
+    checked, counts = check_batch(config, tables, batch)
+    return checked.features, counts
+
+
+def check_batch(
+    config: EmbeddingConfig,
+    tables: Sequence[str],
+    batch: SparseFeatures,
+    order: Sequence[str] | None = None,
+) -> tuple[CheckedBatch, jax.Array]:
+    """`bounds_check` as a `CheckedBatch` whose flat ids follow `order` (default: the
+    batch's features). All features are checked at once, each slot against its own
+    table's last row (a small per-feature table indexed by each slot's feature), so the
+    check's operations do not grow with the number of features."""
+    names = list(batch.feature_names if order is None else order)
     if not names:
-        return batch, jnp.zeros((len(tables),), jnp.int32)
+        return CheckedBatch(batch, jnp.zeros((0,), jnp.int32), {}), jnp.zeros(
+            (len(tables),), jnp.int32
+        )
     xs = [widen_ids(f"feature {n!r}: ids", jnp.asarray(batch.ids[n])) for n in names]
     flat = jnp.concatenate([x.reshape(-1) for x in xs])
     feats = [config.feature_by_name[n] for n in names]
@@ -100,13 +133,13 @@ def bounds_check(
     )
     bad = (flat < PAD) | (flat > jnp.asarray(np.array(last, flat.dtype))[feature])
     index = np.array([list(tables).index(f.table) for f in feats], np.int32)
-    counts = (
-        jnp.zeros((len(tables),), jnp.int32)
-        .at[jnp.asarray(index)[feature]]
-        .add(bad.astype(jnp.int32))
-    )
+    table = jnp.asarray(index)[feature]
+    counts = jnp.zeros((len(tables),), jnp.int32).at[table].add(bad.astype(jnp.int32))
     fixed = jnp.where(bad, jnp.asarray(PAD, flat.dtype), flat)
-    return _split_checked(batch, names, xs, fixed, bad), counts
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    spans = {n: (int(s), int(z)) for n, s, z in zip(names, starts, sizes, strict=True)}
+    checked = CheckedBatch(_split_checked(batch, names, xs, fixed, bad), fixed, spans)
+    return checked, counts
 
 
 def _split_checked(batch, names, xs, fixed, bad) -> SparseFeatures:

@@ -28,7 +28,7 @@ from embark_jax.core.plan import Plan
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import SparseFeatures
 from embark_jax.ops.optimizers import SparseOptimizer, rounding_seed
-from embark_jax.sharding.bounds import bounds_check, host_batch
+from embark_jax.sharding.bounds import check_batch, host_batch
 from embark_jax.sharding.checks import (
     CapacityOverflowError,
     InvalidIdError,
@@ -160,7 +160,9 @@ def lookup_fn(
     names = [t.name for t in lowered.plan.tables]
 
     def body(bufs, local_batch):
-        local_batch, invalid = bounds_check(lowered.config, names, local_batch)
+        # every group's features side by side in the checked ids: a group takes one slice
+        order = [f.name for g in lowered.groups for f in lowered.features_of(g)]
+        local_batch, invalid = check_batch(lowered.config, names, local_batch, order)
         outputs, residuals = {}, {}
         overflow = jnp.zeros((len(names),), jnp.int32)
         for gname, cl in clusters.items():

@@ -32,6 +32,7 @@ from embark_jax.core.layout import ShardLayout
 from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.specs import Combiner, FeatureConfig
 from embark_jax.ops.optimizers import SparseOptimizer
+from embark_jax.sharding.bounds import CheckedBatch
 from embark_jax.sharding.lowering import Group, Lowered
 
 __all__ = ["ClusterBase", "FeatureInput", "GroupInput", "group_input"]
@@ -46,10 +47,10 @@ class FeatureInput:
     weights: jax.Array  # [b * H] float32 (ones when unweighted)
 
 
-def feature_inputs(lowered: Lowered, group: Group, batch) -> dict[str, FeatureInput]:
+def feature_inputs(lowered: Lowered, group: Group, batch: CheckedBatch) -> dict[str, FeatureInput]:
     out = {}
     for f in lowered.features_of(group):
-        ids, seg, w = batch.flat(f.name)
+        ids, seg, w = batch.features.flat(f.name)
         w = jnp.ones(ids.shape, jnp.float32) if w is None else w.astype(jnp.float32)
         out[f.name] = FeatureInput(ids, seg, jnp.where(ids >= 0, w, 0.0))
     return out
@@ -69,29 +70,29 @@ class GroupInput:
     sizes: tuple[int, ...]  # slots of each feature (b * its hotness)
 
 
-def group_input(features: tuple[FeatureConfig, ...], batch) -> GroupInput:
-    """`GroupInput` of `features` from a (local) `SparseFeatures` batch."""
-    ids = [jnp.asarray(batch.ids[f.name]) for f in features]
-    hot = np.array([x.shape[1] for x in ids], np.int32)
-    sizes = tuple(int(x.size) for x in ids)
-    flat = jnp.concatenate([x.reshape(-1) for x in ids])
+def group_input(features: tuple[FeatureConfig, ...], batch: CheckedBatch) -> GroupInput:
+    """`GroupInput` of `features` from a device's checked batch (their ids one slice)."""
+    names = [f.name for f in features]
+    flat = batch.flat_ids(names)
+    sizes = tuple(batch.spans[n][1] for n in names)
+    hot = np.array([batch.features.ids[n].shape[1] for n in names], np.int32)
     feature = jnp.repeat(
         jnp.arange(len(sizes), dtype=jnp.int32), np.array(sizes), total_repeat_length=flat.shape[0]
     )
     start = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
     pos = jnp.arange(flat.shape[0], dtype=jnp.int32)
     sample = (pos - jnp.asarray(start)[feature]) // jnp.asarray(hot)[feature]
-    if any(f.name in batch.weights for f in features):
+    weights = batch.features.weights
+    w = jnp.ones(flat.shape, jnp.float32)
+    if any(n in weights for n in names):
         w = jnp.concatenate(
             [
-                jnp.asarray(batch.weights[f.name], jnp.float32).reshape(-1)
-                if f.name in batch.weights
-                else jnp.ones((n,), jnp.float32)
-                for f, n in zip(features, sizes, strict=True)
+                jnp.asarray(weights[n], jnp.float32).reshape(-1)
+                if n in weights
+                else jnp.ones((z,), jnp.float32)
+                for n, z in zip(names, sizes, strict=True)
             ]
         )
-    else:
-        w = jnp.ones(flat.shape, jnp.float32)
     return GroupInput(flat, jnp.where(flat >= 0, w, 0.0), feature, sample, sizes)
 
 

@@ -42,7 +42,7 @@ class DPCluster(ClusterBase):
             offset = self.group.shard(f.table, 0, 0).row_offset
             res.rows[name] = jnp.where(fi.ids >= 0, fi.ids + offset, -1)
             res.seg[name] = fi.seg
-            res.w[name] = fi.weights if batch.flat(name)[2] is not None else None
+            res.w[name] = fi.weights if name in batch.features.weights else None
         return res, jnp.zeros((len(self.table_names),), jnp.int32)
 
     def owner(self, buffer, res):

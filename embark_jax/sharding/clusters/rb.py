@@ -43,7 +43,7 @@ class RBResiduals(NamedTuple):
     rows: jax.Array  # buffer row of each received request, -1 for empty slots
     seg: jax.Array  # owner bag `(src * S + slot) * b + sample`, -1 for empty slots
     w: jax.Array  # weight of each received request (0 for empty slots)
-    denom: jax.Array | None  # [F, b] divisor of each feature's bags; None: no mean / sqrtn
+    denom: jax.Array | None  # [b, F] divisor of each feature's bags; None: no mean / sqrtn
 
 
 class RBCluster(ClusterBase):
@@ -104,6 +104,8 @@ class RBCluster(ClusterBase):
         self.pieces = [
             (f, k) for f in self.features for k in range(self.layouts[f.table].column_shards)
         ]
+        self.piece_feature = np.array([self.features.index(f) for f, _ in self.pieces])
+        self.piece_starts = np.cumsum(self.splits[:, 0])[:-1].tolist()
         self.divides = np.array(
             [f.combiner in (Combiner.MEAN, Combiner.SQRTN) for f in self.features]
         )
@@ -178,7 +180,7 @@ class RBCluster(ClusterBase):
         return feat, within // size, jnp.asarray(slot_starts)[feat] + within % size
 
     def _denominators(self, gi):
-        """`[F, b]` divisors of the features' bags (1 for sum), or None when no feature of
+        """`[b, F]` divisors of the features' bags (1 for sum), or None when no feature of
         the group divides."""
         if not self.divides.any():
             return None
@@ -191,7 +193,7 @@ class RBCluster(ClusterBase):
             if mask.any():
                 d = ops.reference.pool_denominator(gi.ids, seg, f_count * self.b, gi.weights, kind)
                 denom = jnp.where(mask, d, denom)
-        return denom.reshape(f_count, self.b)
+        return denom.reshape(f_count, self.b).T
 
     def _lost_per_table(self, gi, dropped, slot):
         """Overflow per table: id occurrences with at least one column slice dropped (a
@@ -216,18 +218,17 @@ class RBCluster(ClusterBase):
         return self.split(self.combine_group(owner_out, res))
 
     def combine_group(self, owner_out, res):
-        """`[Q pieces, b, width]` float32: each (feature, column slice) piece summed over its
-        row shards, divided by its feature's divisors."""
+        """`[b, Q pieces, width]` float32: each (feature, column slice) piece summed over its
+        row shards, divided by its feature's divisors; a feature's pieces side by side."""
         if self.hier:
             recv = self._node_partials(owner_out)  # [N src-node, S_node, b, w]
         else:
             recv = routing.exchange(owner_out, self.axis_names)  # [G src, S, b, w]
         y = _gather_sum(recv.reshape(-1, self.b, self.width), self.piece_index)
-        y = y.astype(jnp.float32)
+        y = jnp.transpose(y, (1, 0, 2)).astype(jnp.float32)
         if res.denom is None:
             return y
-        piece_feature = np.array([self.features.index(f) for f, _ in self.pieces])
-        return self.apply_denominator(y, res.denom[piece_feature])
+        return self.apply_denominator(y, res.denom[:, self.piece_feature])
 
     def marker_outputs(self, outputs):
         """One output: every output is a slice of one combined array, which depends on the
@@ -235,23 +236,16 @@ class RBCluster(ClusterBase):
         return [next(iter(outputs.values()))]
 
     def split(self, y):
-        """Group output `[Q, b, width]` -> feature -> `[b, c * width]`."""
-        out, q = {}, 0
-        for f in self.features:
-            c = self.layouts[f.table].column_shards
-            part = y[q] if c == 1 else jnp.transpose(y[q : q + c], (1, 0, 2)).reshape(self.b, -1)
-            out[f.name] = part
-            q += c
-        return out
+        """Group output `[b, Q, width]` -> feature -> `[b, c * width]` (one split)."""
+        parts = jnp.split(y, self.piece_starts, axis=1)
+        return {f.name: p.reshape(self.b, -1) for f, p in zip(self.features, parts, strict=True)}
 
     def join(self, grads):
-        """Inverse of `split`: feature -> `[b, c * width]` gradients as one `[Q, b, width]`."""
-        parts = []
-        for f in self.features:
-            c = self.layouts[f.table].column_shards
-            g = grads[f.name].reshape(self.b, c, self.width)
-            parts.append(jnp.transpose(g, (1, 0, 2)))
-        return jnp.concatenate(parts).astype(jnp.float32)
+        """Inverse of `split`: feature -> `[b, c * width]` gradients as one `[b, Q, width]`."""
+        parts = [
+            grads[f.name].reshape(self.b, -1, self.width).astype(jnp.float32) for f in self.features
+        ]
+        return jnp.concatenate(parts, axis=1)
 
     def _node_partials(self, owner_out):
         """Hierarchical return path: my partials summed inside my node, then exchanged with
