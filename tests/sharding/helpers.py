@@ -5,6 +5,7 @@ from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.plan import Plan, TablePlan, Topology
 from embark_jax.core.specs import EmbeddingConfig, FeatureConfig, TableConfig
 from embark_jax.sharding import hlo_bytes as comm
+from embark_jax.sharding.bounds import check_batch
 from embark_jax.sharding.clusters import CLUSTERS
 from embark_jax.sharding.collection import _jit_lookup
 from embark_jax.sharding.lowering import lower
@@ -53,3 +54,9 @@ def make_cluster(cluster, vocab, hot, local_batch=2, options=None, **kwargs):
     (group,) = lowered.groups
     opts = options or RuntimeOptions()
     return CLUSTERS[group.cluster](lowered, group, local_batch, {"f": hot}, opts)
+
+
+def checked(cluster, batch):
+    """`batch` bounds-checked against `cluster`'s config: what its `route` takes."""
+    tables = [t.name for t in cluster.lowered.plan.tables]
+    return check_batch(cluster.lowered.config, tables, batch)[0]

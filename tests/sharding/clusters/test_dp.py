@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from embark_jax.data.sparse import SparseFeatures
-from tests.sharding.helpers import make_cluster
+from tests.sharding.helpers import checked, make_cluster
 
 
 def dp_cluster():
@@ -15,7 +15,7 @@ def dp_cluster():
 def test_route_and_owner_pool_the_local_replica_by_hand():
     dp = dp_cluster()
     batch = SparseFeatures.from_dense({"f": np.array([[1, 2, -1], [3, -1, -1]])})
-    res, overflow = dp.route(batch)
+    res, overflow = dp.route(checked(dp, batch))
     np.testing.assert_array_equal(res.rows["f"], [1, 2, -1, 3, -1, -1])
     np.testing.assert_array_equal(res.seg["f"], [0, 0, 0, 1, 1, 1])
     assert res.w["f"] is None and overflow.tolist() == [0]  # unweighted; DP never drops
@@ -28,7 +28,7 @@ def test_route_and_owner_pool_the_local_replica_by_hand():
 def test_flat_slots_drop_padding_and_scale_sum_by_one():
     dp = dp_cluster()
     batch = SparseFeatures.from_dense({"f": np.array([[1, 2, -1], [3, -1, -1]])})
-    res, _ = dp.route(batch)
+    res, _ = dp.route(checked(dp, batch))
     rows, seg, scale, grads = dp._flat(res, {"f": jnp.ones((2, 16))})
     np.testing.assert_array_equal(rows, [1, 2, -1, 3, -1, -1])
     np.testing.assert_array_equal(seg, [0, 0, 0, 1, 1, 1])

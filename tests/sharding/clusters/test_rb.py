@@ -11,6 +11,7 @@ from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.plan import Topology
 from embark_jax.core.specs import EmbeddingConfig
 from embark_jax.data.sparse import SparseFeatures
+from embark_jax.sharding.clusters.base import GroupInput
 from embark_jax.sharding.collection import EmbeddingCollection
 from tests.sharding.helpers import B, float_bytes, make_cluster, one_table
 
@@ -68,5 +69,9 @@ def test_node_slots_of_the_hierarchical_path():
 def test_an_occurrence_counts_once_however_many_column_slices_it_lost():
     """3 ids, 2 column slices: id 0 lost slice 0 and 1, id 1 slice 1: 2 occurrences lost."""
     rb = make_cluster("rb", 100, 3, row_shards=4)
+    gi = GroupInput(
+        jnp.array([5, 6, 7]), jnp.ones(3), jnp.zeros(3, jnp.int32), jnp.zeros(3, jnp.int32), (3,)
+    )
     dropped = jnp.array([True, False, False, True, True, False])  # [slice 0 | slice 1]
-    assert rb._lost_per_table(dropped, [(0, 2, 3)]).tolist() == [2]
+    slot = jnp.array([0, 1, 2, 0, 1, 2])  # the id slot of each request
+    assert rb._lost_per_table(gi, dropped, slot).tolist() == [2]
