@@ -178,7 +178,7 @@ def sparse_grad_stage(
     table,
     slot_a,
     slot_b,
-    grads,
+    grads: tuple,
     ids,
     segment_ids,
     scale,
@@ -187,7 +187,12 @@ def sparse_grad_stage(
     per_id: bool,
     slot_widths: tuple[int, int],
 ):
-    operands = (table, slot_a, slot_b, grads, ids, segment_ids, scale, hparams)
+    """`grads`: the output gradient as one or more `[S_k, D]` pieces, rows one after the
+    other. The CPU kernel reads them where they are; on a GPU they are concatenated first
+    (the CUDA kernel takes one piece)."""
+    if on_gpu() and len(grads) > 1:
+        grads = (jnp.concatenate(grads),)
+    operands = (table, slot_a, slot_b, ids, segment_ids, scale, hparams, *grads)
     n, d = ids.shape[0], table.shape[1]
     c = min(n, table.shape[0])  # staged slots: at most this many distinct rows
     staged = [result_type(ids, (c, w) if w else (1,), jnp.float32) for w in slot_widths]

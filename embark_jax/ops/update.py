@@ -16,6 +16,7 @@ float32 hyper-parameter vector).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -179,8 +180,9 @@ def lookup_pool_backward_update(
     Returns `(table, state, num_unique_rows)`; in place when `table`/`state` are donated.
     """
     combiner = Combiner.parse(combiner)
-    g, ids, segment_ids, scale = _backward_inputs(
-        "lookup_pool_backward_update", table, output_grads, ids, segment_ids, weights, combiner
+    g = jnp.asarray(output_grads)
+    ids, segment_ids, scale = _backward_inputs(
+        "lookup_pool_backward_update", table, g.shape[0], ids, segment_ids, weights, combiner
     )
     if not _uses_kernels(backend, g.dtype, table.dtype):
         rows, row_grads = _reference_row_grads(table, g, ids, segment_ids, weights, combiner)
@@ -202,13 +204,29 @@ def lookup_pool_backward_update(
     return new_table, from_kernel_slots(optimizer, state, a, b), num_unique
 
 
-def _backward_inputs(name, table, output_grads, ids, segment_ids, weights, combiner):
-    """`(grads, ids, segment_ids, scale)` of a fused backward: ids whose gradient scale is 0
-    (padding, outside the table, a dropped bag) become -1."""
+def _backward_inputs(name, table, num_out, ids, segment_ids, weights, combiner):
+    """`(ids, segment_ids, scale)` of a fused backward whose output gradient has `num_out`
+    rows: ids whose gradient scale is 0 (padding, outside the table, a dropped bag) become
+    -1."""
     ids, segment_ids = pooling_inputs(name, ids, segment_ids, weights, combiner)
-    g = jnp.asarray(output_grads)
-    scale = id_scale(ids, segment_ids, g.shape[0], weights, combiner, table.shape[0])
-    return g, jnp.where(scale != 0, ids, -1), segment_ids, scale
+    scale = id_scale(ids, segment_ids, num_out, weights, combiner, table.shape[0])
+    return jnp.where(scale != 0, ids, -1), segment_ids, scale
+
+
+def _grad_pieces(name: str, output_grads, width: int) -> tuple[jax.Array, ...]:
+    """The output gradient as a tuple of `[S_k, D]` pieces of one dtype (an array: one
+    piece); a one-line error for anything else."""
+    pieces = (output_grads,) if hasattr(output_grads, "shape") else tuple(output_grads)
+    pieces = tuple(jnp.asarray(p) for p in pieces)
+    if not pieces:
+        raise ValueError(f"{name}: output_grads is empty; one or more [S_k, {width}] expected")
+    for k, p in enumerate(pieces):
+        if p.ndim != 2 or p.shape[1] != width or p.dtype != pieces[0].dtype:
+            raise ValueError(
+                f"{name}: output_grads piece {k} must be [S_k, {width}] {pieces[0].dtype}, "
+                f"got {p.shape} {p.dtype}"
+            )
+    return pieces
 
 
 def _reference_row_grads(table, g, ids, segment_ids, weights, combiner):
@@ -262,7 +280,7 @@ class StagedUpdate(NamedTuple):
 def stage_backward_update(
     table: jax.Array,
     state: Any,
-    output_grads: jax.Array,
+    output_grads: jax.Array | Sequence[jax.Array],
     ids: jax.Array,
     segment_ids: jax.Array | None,
     weights: jax.Array | None = None,
@@ -274,18 +292,22 @@ def stage_backward_update(
     backend: Backend | str | None = None,
 ) -> StagedUpdate:
     """`lookup_pool_backward_update`'s rows, computed but not written: the table `[V, D]` and
-    `state` are only read. Commit them with `commit_update`. Arguments as there."""
+    `state` are only read. Commit them with `commit_update`. Arguments as there, except that
+    `output_grads` may also be a sequence of `[S_k, D]` pieces taken as their rows one after
+    the other (the CPU kernel reads each where it is: no concatenated copy)."""
     combiner = Combiner.parse(combiner)
-    g, ids, segment_ids, scale = _backward_inputs(
-        "stage_backward_update", table, output_grads, ids, segment_ids, weights, combiner
+    pieces = _grad_pieces("stage_backward_update", output_grads, table.shape[-1])
+    num_out = sum(p.shape[0] for p in pieces)
+    ids, segment_ids, scale = _backward_inputs(
+        "stage_backward_update", table, num_out, ids, segment_ids, weights, combiner
     )
-    if _uses_kernels(backend, g.dtype, table.dtype):
+    if _uses_kernels(backend, pieces[0].dtype, table.dtype):
         slot_a, slot_b = kernel_slots(optimizer, state)
         rows, values, sa, sb, num_unique, finite = _ffi.sparse_grad_stage(
             table,
             slot_a,
             slot_b,
-            g,
+            pieces,
             ids,
             segment_ids,
             scale,
@@ -295,6 +317,7 @@ def stage_backward_update(
             _slot_widths(optimizer, table.shape[1]),
         )
         return StagedUpdate(rows, values, (sa, sb), finite != 0, num_unique)
+    g = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces)
     rows, row_grads = _reference_row_grads(table, g, ids, segment_ids, weights, combiner)
     return _stage_rows(table, state, rows, row_grads, optimizer, step, seed)
 

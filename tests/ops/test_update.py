@@ -67,7 +67,7 @@ def test_the_stage_kernel_drops_ids_past_the_table_within_min_n_v_slots():
         table,
         slot_a,
         slot_b,
-        grads,
+        (grads,),
         ids,
         seg,
         jnp.ones((8,), jnp.float32),
@@ -79,3 +79,33 @@ def test_the_stage_kernel_drops_ids_past_the_table_within_min_n_v_slots():
     np.testing.assert_array_equal(np.asarray(rows), [0, 1, 2, 3])
     np.testing.assert_array_equal(np.asarray(values)[:, 0], [-1, -1, -1, -2])
     assert int(num_unique) == 4 and int(finite) == 1
+
+
+@pytest.mark.parametrize("backend", ["ffi", "reference"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("combiner", ["sum", "none"])
+def test_gradient_pieces_stage_as_their_concatenation(backend, dtype, combiner):
+    """The output gradient in pieces of 2, 0 and 3 rows (bags, or ids for `none`) stages
+    exactly the rows its concatenation stages: the kernel reads each piece where it is."""
+    table, ids, seg, _ = inputs(1)
+    opt = O.RowWiseAdagrad(learning_rate=0.1)
+    n_out = S if combiner == "sum" else ids.shape[0]
+    grads = jnp.asarray(np.random.default_rng(2).normal(size=(n_out, D)), dtype)
+    cut = [2, 2, n_out]  # the middle piece is empty
+    pieces = [grads[a:b] for a, b in zip([0, *cut[:-1]], cut, strict=True)]
+    kw = dict(optimizer=opt, combiner=combiner, backend=backend)
+    whole = ops.stage_backward_update(table, opt.init(table), grads, ids, seg, **kw)
+    split = ops.stage_backward_update(table, opt.init(table), pieces, ids, seg, **kw)
+    # row-wise Adagrad uses one slot operand (the other is an unwritten [1] dummy)
+    for field in ("rows", "values", "finite", "num_unique"):
+        np.testing.assert_array_equal(getattr(whole, field), getattr(split, field))
+    np.testing.assert_array_equal(whole.slots[0], split.slots[0])
+
+
+def test_gradient_pieces_of_another_width_or_dtype_are_refused_in_one_line():
+    table, ids, seg, grads = inputs()
+    opt = O.SGD(learning_rate=0.1)
+    for bad in ([grads, grads[:, :3]], [grads, grads.astype(jnp.bfloat16)], []):
+        with pytest.raises(ValueError, match=r"stage_backward_update: output_grads") as err:
+            ops.stage_backward_update(table, opt.init(table), bad, ids, seg, optimizer=opt)
+        assert "\n" not in str(err.value)

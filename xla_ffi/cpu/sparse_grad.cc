@@ -20,19 +20,21 @@ namespace embark {
 namespace {
 
 template <typename G>
-void Reduce(ffi::ThreadPool& pool, const SortedIds& s, const std::vector<int64_t>& starts,
+void Reduce(ffi::ThreadPool& pool, const SortedIds& s, const RawArray<int64_t>& starts,
             int64_t slots, const G* grads, int64_t d, int64_t num_src,
             const ffi::AnyBuffer& seg, bool per_id, const float* scale, float* out) {
-  ParallelFor(pool, slots, 64, [&, grads, d, scale, out](int64_t k0, int64_t k1) {
+  const OneGrad<G> one(grads, num_src);
+  const GradRows<G> g = one.View(d);
+  ParallelFor(pool, slots, 64, [&, d, scale, out](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
-      AccumulateRun(s, starts, k, grads, d, num_src, seg, per_id, scale, out + k * d);
+      AccumulateRun(s, starts, k, g, d, seg, per_id, scale, out + k * d);
     }
   });
 }
 
 // Writes the first `slots` unique ids to unique_rows[0..cap), padded with -1.
 template <typename I>
-void WriteUniqueRows(const SortedIds& s, const std::vector<int64_t>& starts, int64_t slots,
+void WriteUniqueRows(const SortedIds& s, const RawArray<int64_t>& starts, int64_t slots,
                      int64_t cap, I* unique_rows) {
   for (int64_t k = 0; k < cap; ++k) {
     unique_rows[k] = static_cast<I>(k < slots ? static_cast<int64_t>(s.keys[starts[k]]) : -1);
@@ -53,7 +55,7 @@ ffi::Error SparseGradImpl(ffi::ThreadPool pool, ffi::AnyBuffer grads, ffi::AnyBu
   if (err.failure()) return err;
   const int64_t d = grads.dimensions()[1];
   SortedIds s = SortValidIds(n, [&ids](int64_t i) { return LoadId(ids, i); });
-  std::vector<int64_t> starts = RunStarts(s.keys);
+  RawArray<int64_t> starts = RunStarts(s.keys);
   const int64_t u = static_cast<int64_t>(starts.size()) - 1;
   const int64_t slots = u < cap ? u : cap;
   err = DispatchId("sparse_grad", "ids", ids.element_type(), [&](auto tag) {

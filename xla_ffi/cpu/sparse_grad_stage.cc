@@ -5,6 +5,9 @@
 // nothing: a training step decides on device, between the two calls, whether to commit
 // (the staged rows, the loss and the dense update all finite, no refused overflow).
 //
+// The output gradient comes in one or more pieces, rows one after the other (GradRows): the
+// DP cluster passes each feature's gradient as it is, with no concatenated copy.
+//
 // Staged row k holds the k-th smallest distinct id inside the table; rows past the distinct
 // count are -1 (the caller sizes them min(N, V), as many as there can be distinct rows). bfloat16 values are rounded exactly as the in-place kernels round them (cpu_optim.h),
 // so committing the staged rows gives the table sparse_grad_update would have written.
@@ -28,8 +31,8 @@ namespace {
 // Where the staged rows go, and the dedup'd ids and operands every worker reads.
 struct Stage {
   const SortedIds* s;
-  const std::vector<int64_t>* starts;
-  int64_t vocab, d, num_src, wa, wb;
+  const RawArray<int64_t>* starts;
+  int64_t vocab, d, wa, wb;
   const ffi::AnyBuffer* seg;
   bool per_id;
   const float* scale;
@@ -66,8 +69,8 @@ namespace stage_avx512 {
 #endif
 
 template <typename T, typename G, typename R>
-bool Run(ffi::ThreadPool& pool, const Stage& p, const T* table, const G* grads, T* values,
-         R* out_rows) {
+bool Run(ffi::ThreadPool& pool, const Stage& p, const T* table, const GradRows<G>& grads,
+         T* values, R* out_rows) {
 #if EMBARK_HAVE_X86_SIMD
   const CpuIsa isa = ActiveCpuIsa();
   if (isa >= CpuIsa::AVX512) return stage_avx512::Run(pool, p, table, grads, values, out_rows);
@@ -76,43 +79,62 @@ bool Run(ffi::ThreadPool& pool, const Stage& p, const T* table, const G* grads, 
   return stage_scalar::Run(pool, p, table, grads, values, out_rows);
 }
 
+// The pieces' base pointers and first rows (`GradRows`), each piece in the first's dtype.
+struct Pieces {
+  std::vector<const void*> base;
+  std::vector<int64_t> start{0};
+  explicit Pieces(const std::vector<ffi::AnyBuffer>& pieces) {
+    for (const ffi::AnyBuffer& g : pieces) {
+      base.push_back(g.untyped_data());
+      start.push_back(start.back() + g.dimensions()[0]);
+    }
+  }
+  template <typename G>
+  GradRows<G> View(int64_t d) const {
+    return GradRows<G>{reinterpret_cast<const G* const*>(base.data()), start.data(),
+                       static_cast<int64_t>(base.size()), d};
+  }
+};
+
 ffi::Error SparseGradStageImpl(
     ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffer<ffi::F32> slot_a,
-    ffi::Buffer<ffi::F32> slot_b, ffi::AnyBuffer grads, ffi::AnyBuffer ids, ffi::AnyBuffer seg,
-    ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> hparams, ffi::Result<ffi::AnyBuffer> rows,
-    ffi::Result<ffi::AnyBuffer> values, ffi::Result<ffi::Buffer<ffi::F32>> staged_a,
-    ffi::Result<ffi::Buffer<ffi::F32>> staged_b, ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
-    ffi::Result<ffi::Buffer<ffi::S32>> finite, ffi::Result<ffi::AnyBuffer> /*workspace: CUDA*/,
-    int64_t optimizer, int64_t per_id) {
-  ffi::Error err = CheckSparseGradStage(table, slot_a, slot_b, grads, ids, seg, scale, hparams,
+    ffi::Buffer<ffi::F32> slot_b, ffi::AnyBuffer ids, ffi::AnyBuffer seg,
+    ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> hparams, ffi::RemainingArgs grads,
+    ffi::Result<ffi::AnyBuffer> rows, ffi::Result<ffi::AnyBuffer> values,
+    ffi::Result<ffi::Buffer<ffi::F32>> staged_a, ffi::Result<ffi::Buffer<ffi::F32>> staged_b,
+    ffi::Result<ffi::Buffer<ffi::S32>> num_unique, ffi::Result<ffi::Buffer<ffi::S32>> finite,
+    ffi::Result<ffi::AnyBuffer> /*workspace: CUDA*/, int64_t optimizer, int64_t per_id) {
+  std::vector<ffi::AnyBuffer> pieces;
+  ffi::Error err = CheckSparseGradStage(table, slot_a, slot_b, ids, seg, scale, hparams, grads,
                                         optimizer, per_id != 0, *rows, *values, *staged_a,
-                                        *staged_b, *num_unique, *finite);
+                                        *staged_b, *num_unique, *finite, &pieces);
   if (err.failure()) return err;
+  const Pieces g_pieces(pieces);
   const int64_t n = static_cast<int64_t>(ids.element_count());
   const int64_t d = table.dimensions()[1];
   const int64_t cap = static_cast<int64_t>(rows->element_count());
   NoteFreshOutput(values->untyped_data(), static_cast<int64_t>(values->size_bytes()));
   SortedIds s = SortValidIds(n, [&ids](int64_t i) { return LoadId(ids, i); });
-  std::vector<int64_t> starts = RunStarts(s.keys);
+  RawArray<int64_t> starts = RunStarts(s.keys);
   // Runs of ids past the table sort last; dropping them leaves at most min(N, V) <= C runs.
   while (starts.size() > 1 &&
          static_cast<int64_t>(s.keys[starts[starts.size() - 2]]) >= table.dimensions()[0]) {
-    starts.pop_back();
+    starts.truncate(starts.size() - 1);
   }
   const int64_t u = static_cast<int64_t>(starts.size()) - 1;
-  const Stage p{&s, &starts, table.dimensions()[0], d, grads.dimensions()[0],
-                abi::SlotRowWidth(optimizer, 0, d), abi::SlotRowWidth(optimizer, 1, d), &seg,
-                per_id != 0, scale.typed_data(), static_cast<Optimizer>(optimizer),
-                abi::LoadHparams(hparams.typed_data()), slot_a.typed_data(), slot_b.typed_data(),
-                staged_a->typed_data(), staged_b->typed_data()};
+  const Stage p{&s, &starts, table.dimensions()[0], d, abi::SlotRowWidth(optimizer, 0, d),
+                abi::SlotRowWidth(optimizer, 1, d), &seg, per_id != 0, scale.typed_data(),
+                static_cast<Optimizer>(optimizer), abi::LoadHparams(hparams.typed_data()),
+                slot_a.typed_data(), slot_b.typed_data(), staged_a->typed_data(),
+                staged_b->typed_data()};
   bool ok = true;
   const char* kernel = "sparse_grad_stage";
   err = DispatchFloat<HostBf16>(kernel, "table", table.element_type(), [&](auto t) {
-    return DispatchFloat<HostBf16>(kernel, "grads", grads.element_type(), [&](auto g) {
+    return DispatchFloat<HostBf16>(kernel, "grads", pieces[0].element_type(), [&](auto g) {
       using T = EMBARK_TYPE(t);
       using G = EMBARK_TYPE(g);
       const T* tab = static_cast<const T*>(table.untyped_data());
-      const G* grd = static_cast<const G*>(grads.untyped_data());
+      const GradRows<G> grd = g_pieces.View<G>(d);
       T* val = static_cast<T*>(values->untyped_data());
       if (rows->element_type() == ffi::DataType::S64) {
         int64_t* out = static_cast<int64_t*>(rows->untyped_data());

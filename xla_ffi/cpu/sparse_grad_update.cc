@@ -20,7 +20,7 @@ namespace {
 // The dedup'd ids and the operands every worker reads.
 struct Problem {
   const SortedIds* s;
-  const std::vector<int64_t>* starts;
+  const RawArray<int64_t>* starts;
   int64_t vocab, d, num_src;
   const ffi::AnyBuffer* seg;
   bool per_id;
@@ -33,16 +33,18 @@ template <typename T, typename G>
 void Run(ffi::ThreadPool& pool, const Problem& p, T* table, float* sa, float* sb,
          const G* grads) {
   const SortedIds& s = *p.s;
-  const std::vector<int64_t>& starts = *p.starts;
+  const RawArray<int64_t>& starts = *p.starts;
   const int64_t u = static_cast<int64_t>(starts.size()) - 1;
   const int64_t d = p.d;
-  ParallelFor(pool, u, 64, [&, table, sa, sb, grads, d](int64_t k0, int64_t k1) {
+  const OneGrad<G> one(grads, p.num_src);
+  const GradRows<G> g = one.View(d);
+  ParallelFor(pool, u, 64, [&, table, sa, sb, d](int64_t k0, int64_t k1) {
     std::vector<float> acc(d);
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t r = static_cast<int64_t>(s.keys[starts[k]]);
       if (r >= p.vocab) continue;
       if (k + 2 < k1) Prefetch(table + static_cast<int64_t>(s.keys[starts[k + 2]]) * d);
-      AccumulateRun(s, starts, k, grads, d, p.num_src, *p.seg, p.per_id, p.scale, acc.data());
+      AccumulateRun(s, starts, k, g, d, *p.seg, p.per_id, p.scale, acc.data());
       ApplyRow(p.opt, table, sa, sb, r, acc.data(), d, p.hp);
     }
   });
@@ -62,7 +64,7 @@ ffi::Error SparseGradUpdateImpl(
   StartTableAndSlots(table, slot_a, slot_b, *table_out, *slot_a_out, *slot_b_out);
   const int64_t n = static_cast<int64_t>(ids.element_count());
   SortedIds s = SortValidIds(n, [&ids](int64_t i) { return LoadId(ids, i); });
-  std::vector<int64_t> starts = RunStarts(s.keys);
+  RawArray<int64_t> starts = RunStarts(s.keys);
   const Problem p{&s, &starts, table.dimensions()[0], table.dimensions()[1],
                   grads.dimensions()[0], &seg, per_id != 0, scale.typed_data(),
                   static_cast<Optimizer>(optimizer), abi::LoadHparams(hparams.typed_data())};

@@ -19,7 +19,7 @@ ffi::Error UniqueImpl(ffi::AnyBuffer ids, ffi::Result<ffi::AnyBuffer> unique,
   ffi::Error err = CheckUnique(ids, *unique, *inverse, *counts, *num_unique);
   if (err.failure()) return err;
   SortedIds s = SortValidIds(n, [&ids](int64_t i) { return LoadId(ids, i); });
-  std::vector<int64_t> starts = RunStarts(s.keys);
+  RawArray<int64_t> starts = RunStarts(s.keys);
   const int64_t u = static_cast<int64_t>(starts.size()) - 1;
   int32_t* inv = inverse->typed_data();
   int32_t* cnt = counts->typed_data();

@@ -9,6 +9,9 @@
 // (in place, outputs alias inputs), with no gradient buffer and no capacity;
 // sparse_grad_stage computes the same rows into staging buffers and leaves the table alone
 // (commit_rows.cu writes them, or not).
+#include <string>
+#include <vector>
+
 #include "dedup.cuh"
 #include "embark_operands.h"
 #include "kernels.h"
@@ -308,16 +311,25 @@ ffi::Error SparseGradUpdateCudaImpl(
 
 ffi::Error SparseGradStageCudaImpl(
     cudaStream_t stream, ffi::AnyBuffer table, ffi::Buffer<ffi::F32> slot_a,
-    ffi::Buffer<ffi::F32> slot_b, ffi::AnyBuffer grads, ffi::AnyBuffer ids, ffi::AnyBuffer seg,
-    ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> hparams, ffi::Result<ffi::AnyBuffer> rows,
-    ffi::Result<ffi::AnyBuffer> values, ffi::Result<ffi::Buffer<ffi::F32>> staged_a,
-    ffi::Result<ffi::Buffer<ffi::F32>> staged_b, ffi::Result<ffi::Buffer<ffi::S32>> num_unique,
-    ffi::Result<ffi::Buffer<ffi::S32>> finite, ffi::Result<ffi::AnyBuffer> workspace,
-    int64_t optimizer, int64_t per_id) {
-  ffi::Error err = CheckSparseGradStage(table, slot_a, slot_b, grads, ids, seg, scale, hparams,
-                                        optimizer, per_id != 0, *rows, *values, *staged_a,
-                                        *staged_b, *num_unique, *finite);
+    ffi::Buffer<ffi::F32> slot_b, ffi::AnyBuffer ids, ffi::AnyBuffer seg,
+    ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> hparams, ffi::RemainingArgs grad_pieces,
+    ffi::Result<ffi::AnyBuffer> rows, ffi::Result<ffi::AnyBuffer> values,
+    ffi::Result<ffi::Buffer<ffi::F32>> staged_a, ffi::Result<ffi::Buffer<ffi::F32>> staged_b,
+    ffi::Result<ffi::Buffer<ffi::S32>> num_unique, ffi::Result<ffi::Buffer<ffi::S32>> finite,
+    ffi::Result<ffi::AnyBuffer> workspace, int64_t optimizer, int64_t per_id) {
+  std::vector<ffi::AnyBuffer> pieces;
+  ffi::Error err = CheckSparseGradStage(table, slot_a, slot_b, ids, seg, scale, hparams,
+                                        grad_pieces, optimizer, per_id != 0, *rows, *values,
+                                        *staged_a, *staged_b, *num_unique, *finite, &pieces);
   if (err.failure()) return err;
+  // One piece on the GPU: ops._ffi concatenates the pieces there (a device copy is cheap next
+  // to the host's page faults that the pieces avoid).
+  if (pieces.size() != 1) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "sparse_grad_stage: the CUDA kernel takes grads as one [S, D] piece, got " +
+                          std::to_string(pieces.size()));
+  }
+  const ffi::AnyBuffer& grads = pieces[0];
   const bool ids64 = ids.element_type() == ffi::DataType::S64;
   const int64_t n = static_cast<int64_t>(ids.element_count());
   const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];

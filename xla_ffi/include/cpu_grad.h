@@ -1,7 +1,8 @@
-// Segment reduction of a lookup's gradient per unique row on the CPU, shared by sparse_grad
-// and the fused backward + update kernel.
+// Segment reduction of a lookup's gradient per unique row on the CPU, shared by sparse_grad,
+// the fused backward + update kernel and the staged update.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -10,13 +11,40 @@
 
 namespace embark {
 
-// out[0..d) = sum over the k-th run of sorted ids of scale[i] * grads[src(i)], with
-// src(i) = i when per_id, else segment_ids[i]; sources outside [0, num_src) are skipped.
+// The rows of an output gradient [S, D] given as one array or as pieces [S_k, D] one after
+// the other (the staged update takes each feature's gradient as it is, with no concatenated
+// copy): row src of the whole is row src - start[k] of the piece k that holds it.
+template <typename G>
+struct GradRows {
+  const G* const* piece;  // base of each piece
+  const int64_t* start;   // [pieces + 1]: each piece's first row, then S
+  int64_t pieces, d;
+
+  int64_t rows() const { return start[pieces]; }
+  inline __attribute__((always_inline)) const G* Row(int64_t src) const {
+    if (pieces == 1) return piece[0] + src * d;
+    const int64_t k = (std::upper_bound(start, start + pieces, src) - start) - 1;
+    return piece[k] + (src - start[k]) * d;
+  }
+};
+
+// A one-piece GradRows over grads [rows, d]; holds the arrays the view points into.
+template <typename G>
+struct OneGrad {
+  const G* base;
+  int64_t start[2];
+  OneGrad(const G* grads, int64_t rows) : base(grads), start{0, rows} {}
+  GradRows<G> View(int64_t d) const { return GradRows<G>{&base, start, 1, d}; }
+};
+
+// out[0..d) = sum over the k-th run of sorted ids of scale[i] * grads.Row(src(i)), with
+// src(i) = i when per_id, else segment_ids[i]; sources outside [0, S) are skipped.
 // Inlined into its callers so that their per-instruction-set copies vectorise it.
 template <typename G>
-inline __attribute__((always_inline)) void AccumulateRun(const SortedIds& s, const std::vector<int64_t>& starts, int64_t k,
-                          const G* grads, int64_t d, int64_t num_src, const ffi::AnyBuffer& seg,
+inline __attribute__((always_inline)) void AccumulateRun(const SortedIds& s, const RawArray<int64_t>& starts, int64_t k,
+                          const GradRows<G>& grads, int64_t d, const ffi::AnyBuffer& seg,
                           bool per_id, const float* scale, float* out) {
+  const int64_t num_src = grads.rows();
   for (int64_t j = 0; j < d; ++j) out[j] = 0.0f;
   const int64_t end = starts[k + 1];
   for (int64_t t = starts[k]; t < end; ++t) {
@@ -25,9 +53,9 @@ inline __attribute__((always_inline)) void AccumulateRun(const SortedIds& s, con
     if (src < 0 || src >= num_src) continue;
     if (t + 4 < end) {
       const int64_t nx = per_id ? s.positions[t + 4] : LoadId(seg, s.positions[t + 4]);
-      if (nx >= 0 && nx < num_src) Prefetch(grads + nx * d);
+      if (nx >= 0 && nx < num_src) Prefetch(grads.Row(nx));
     }
-    const G* __restrict g = grads + src * d;
+    const G* __restrict g = grads.Row(src);
     float* __restrict o = out;
     const float c = scale[i];
     for (int64_t j = 0; j < d; ++j) o[j] += c * Elem<G>::Load(g, j);

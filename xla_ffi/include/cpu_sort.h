@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -12,27 +14,99 @@ namespace embark {
 
 // A heap array left uninitialised: a std::vector zero-fills, which for the sort's four
 // arrays of 131072 ids was 4 MB of stores before any work.
+// Work memory of the CPU kernels, kept from call to call: a block released here is handed
+// to the next call that needs at most its size, instead of going back to the system. A
+// kernel's O(ids) work arrays (the sort's keys, positions and run starts, ~40 bytes an id)
+// would otherwise be fresh pages on every call, each first touch a page fault that zeroes
+// 4 KiB: for a million ids about 10,000 faults a call. One cache per process, shared by
+// every thread; it keeps at most kKept blocks (the largest), so what it holds is bounded by
+// the few blocks concurrent calls need at once, O(ids), never O(table).
+class ScratchCache {
+ public:
+  static constexpr size_t kKept = 12;
+
+  static ScratchCache& Get() {
+    static ScratchCache* cache = new ScratchCache();  // never destroyed: used at exit too
+    return *cache;
+  }
+
+  // A block of at least `bytes`, 64-byte aligned; its size goes to `*got`.
+  void* Acquire(size_t bytes, size_t* got) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      size_t best = blocks_.size();
+      for (size_t i = 0; i < blocks_.size(); ++i) {
+        if (blocks_[i].bytes >= bytes && (best == blocks_.size() ||
+                                          blocks_[i].bytes < blocks_[best].bytes)) {
+          best = i;
+        }
+      }
+      if (best < blocks_.size()) {
+        Block b = blocks_[best];
+        blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(best));
+        *got = b.bytes;
+        return b.p;
+      }
+    }
+    *got = bytes < 64 ? 64 : (bytes + 63) / 64 * 64;
+    return ::operator new(*got, std::align_val_t{64});
+  }
+
+  // Returns a block from Acquire; the smallest go back to the system past kKept.
+  void Release(void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    blocks_.push_back(Block{p, bytes});
+    if (blocks_.size() <= kKept) return;
+    auto smallest = std::min_element(blocks_.begin(), blocks_.end(),
+                                     [](const Block& a, const Block& b) { return a.bytes < b.bytes; });
+    ::operator delete(smallest->p, std::align_val_t{64});
+    blocks_.erase(smallest);
+  }
+
+ private:
+  struct Block {
+    void* p;
+    size_t bytes;
+  };
+  std::mutex mu_;
+  std::vector<Block> blocks_;
+};
+
+// An uninitialised array of trivially copyable T in ScratchCache memory.
 template <typename T>
 class RawArray {
  public:
   RawArray() = default;
-  explicit RawArray(int64_t n) : p_(new T[n > 0 ? n : 1]), n_(n) {}
+  explicit RawArray(int64_t n) : n_(n) {
+    size_t want = sizeof(T) * static_cast<size_t>(n > 0 ? n : 1);
+    p_ = static_cast<T*>(ScratchCache::Get().Acquire(want, &bytes_));
+  }
+  RawArray(RawArray&& o) noexcept { swap(o); }
+  RawArray& operator=(RawArray&& o) noexcept {
+    swap(o);
+    return *this;
+  }
+  RawArray(const RawArray&) = delete;
+  RawArray& operator=(const RawArray&) = delete;
+  ~RawArray() {
+    if (p_ != nullptr) ScratchCache::Get().Release(p_, bytes_);
+  }
   T& operator[](int64_t i) { return p_[i]; }
   const T& operator[](int64_t i) const { return p_[i]; }
   int64_t size() const { return n_; }
   void truncate(int64_t n) { n_ = n; }  // keeps the allocation
   void swap(RawArray& o) {
-    p_.swap(o.p_);
+    std::swap(p_, o.p_);
     std::swap(n_, o.n_);
+    std::swap(bytes_, o.bytes_);
   }
 
  private:
-  std::unique_ptr<T[]> p_;
+  T* p_ = nullptr;
   int64_t n_ = 0;
+  size_t bytes_ = 0;
 };
 
-// The valid (>= 0) ids sorted (stable): keys[j] is the j-th smallest, positions[j] where it
-// was in the input.
 struct SortedIds {
   RawArray<uint64_t> keys;
   RawArray<int64_t> positions;
@@ -146,7 +220,7 @@ SortedIds SortValidIds(int64_t n, LoadFn load) {
 
 // Start offset of each run of equal keys in sorted order, plus a final sentinel (= size).
 // Branch-free: with mostly distinct ids a branch per key mispredicted half the time.
-inline std::vector<int64_t> RunStarts(const RawArray<uint64_t>& keys) {
+inline RawArray<int64_t> RunStarts(const RawArray<uint64_t>& keys) {
   const int64_t m = keys.size();
   RawArray<int64_t> at(m + 1);
   int64_t u = 0;
@@ -154,10 +228,9 @@ inline std::vector<int64_t> RunStarts(const RawArray<uint64_t>& keys) {
     at[u] = i;
     u += (i == 0 || keys[i] != keys[i - 1]) ? 1 : 0;
   }
-  std::vector<int64_t> starts(u + 1);
-  for (int64_t k = 0; k < u; ++k) starts[k] = at[k];
-  starts[u] = m;
-  return starts;
+  at[u] = m;
+  at.truncate(u + 1);
+  return at;
 }
 
 }  // namespace embark

@@ -135,6 +135,11 @@ class Check {
                 std::to_string(value));
   }
 
+  // A condition no other check covers; `message` says what was expected and what came.
+  Check& Require(bool ok, const std::string& message) {
+    return failed() || ok ? *this : Fail(message);
+  }
+
  private:
   Check& Fail(std::string message) {
     message_ = std::move(message);

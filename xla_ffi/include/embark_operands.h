@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "embark_abi.h"
 #include "embark_check.h"
@@ -36,9 +37,16 @@
     .Ret<xla::ffi::AnyBuffer>()             /* workspace */                  \
     .Attr<int64_t>("optimizer")                                              \
     .Attr<int64_t>("per_id")
-// embark_sparse_grad_stage: rows [N], values [N, D], staged slots, num_unique, finite, workspace
+// embark_sparse_grad_stage: table and slots, ids, segment_ids, scale, hparams, then the output
+// gradient as one or more [S_k, D] pieces, rows one after the other; rows [C], values [C, D],
+// staged slots, num_unique, finite, workspace
 #define EMBARK_SPARSE_GRAD_STAGE_OPERANDS                       \
-    EMBARK_TABLE_AND_SLOTS_ARGS EMBARK_GRAD_ARGS                \
+    EMBARK_TABLE_AND_SLOTS_ARGS                                 \
+    .Arg<xla::ffi::AnyBuffer>()             /* ids */           \
+    .Arg<xla::ffi::AnyBuffer>()             /* segment_ids */   \
+    .Arg<xla::ffi::Buffer<xla::ffi::F32>>() /* scale */         \
+    .Arg<xla::ffi::Buffer<xla::ffi::F32>>() /* hparams */       \
+    .RemainingArgs()                        /* grads pieces */  \
     .Ret<xla::ffi::AnyBuffer>()             /* rows */          \
     .Ret<xla::ffi::AnyBuffer>()             /* values */        \
     .Ret<xla::ffi::Buffer<xla::ffi::F32>>() /* staged slot a */ \
@@ -148,20 +156,26 @@ inline ffi::Error CheckUnique(const ffi::AnyBuffer& ids, const ffi::AnyBuffer& u
   return c.failed() ? c.error() : ffi::Error::Success();
 }
 
-// The gradient operands shared by sparse_grad and sparse_grad_update: grads [S, D] f32/bf16
-// of width d, ids [N] int, scale [N], and segment_ids [N] int unless per_id.
-inline void CheckGradOperands(Check& c, const ffi::AnyBuffer& grads, const ffi::AnyBuffer& ids,
-                              const ffi::AnyBuffer& seg, const F32Buffer& scale, bool per_id,
-                              int64_t d, const char* d_is) {
+// The id operands of the gradient kernels: ids [N] int, scale [N], and segment_ids [N] int
+// unless per_id.
+inline void CheckIdOperands(Check& c, const ffi::AnyBuffer& ids, const ffi::AnyBuffer& seg,
+                            const F32Buffer& scale, bool per_id) {
   const int64_t n = static_cast<int64_t>(ids.element_count());
-  c.Rank("grads", grads, 2, "[S, D]")
-      .Dim("grads", grads, 1, d, d_is)
-      .FloatType("grads", grads.element_type())
-      .IdType("ids", ids.element_type())
-      .Count("scale", scale, n, "[N], one per id");
+  c.IdType("ids", ids.element_type()).Count("scale", scale, n, "[N], one per id");
   if (!per_id) {
     c.Count("segment_ids", seg, n, "[N], one per id").IdType("segment_ids", seg.element_type());
   }
+}
+
+// The gradient operands shared by sparse_grad and sparse_grad_update: grads [S, D] f32/bf16
+// of width d and the id operands.
+inline void CheckGradOperands(Check& c, const ffi::AnyBuffer& grads, const ffi::AnyBuffer& ids,
+                              const ffi::AnyBuffer& seg, const F32Buffer& scale, bool per_id,
+                              int64_t d, const char* d_is) {
+  c.Rank("grads", grads, 2, "[S, D]")
+      .Dim("grads", grads, 1, d, d_is)
+      .FloatType("grads", grads.element_type());
+  CheckIdOperands(c, ids, seg, scale, per_id);
 }
 
 // embark_sparse_grad: the gradient operands; unique_rows [C] as ids; row_grads [C, D];
@@ -264,23 +278,47 @@ inline void CheckStagedRows(Check& c, const ffi::AnyBuffer& table, const ffi::An
       .MinCount("staged slot_b", staged_b, cap * abi::SlotRowWidth(optimizer, 1, d), why);
 }
 
+// The output gradient of embark_sparse_grad_stage: one or more pieces [S_k, D], rows one
+// after the other, all of the first piece's float dtype. Decodes them into `pieces`.
+inline void CheckGradPieces(Check& c, const ffi::RemainingArgs& args, int64_t d,
+                            std::vector<ffi::AnyBuffer>* pieces) {
+  c.Require(args.size() > 0, "grads: one or more [S_k, D] pieces expected, got none");
+  for (size_t k = 0; k < args.size() && !c.failed(); ++k) {
+    auto piece = args.get<ffi::AnyBuffer>(k);
+    c.Require(!piece.has_error(), "grads piece " + std::to_string(k) + " must be an array");
+    if (c.failed()) return;
+    pieces->push_back(*piece);
+    const ffi::AnyBuffer& g = pieces->back();
+    c.Rank("grads piece", g, 2, "[S_k, D]");
+    if (c.failed()) return;
+    c.Dim("grads piece", g, 1, d, "D, the table's width")
+        .FloatType("grads piece", g.element_type())
+        .Type("grads piece", g.element_type(), (*pieces)[0].element_type(),
+              "the dtype of the first piece");
+  }
+}
+
 // embark_sparse_grad_stage: the optimizer operands (the table is only read), the gradient
-// operands, the staged rows (C >= min(N, V) slots: at most that many distinct rows of the
-// table can be touched) and num_unique [], finite [].
+// operands (the gradient in pieces, decoded into `pieces`), the staged rows (C >= min(N, V)
+// slots: at most that many distinct rows of the table can be touched) and num_unique [],
+// finite [].
 inline ffi::Error CheckSparseGradStage(const ffi::AnyBuffer& table, const F32Buffer& slot_a,
-                                       const F32Buffer& slot_b, const ffi::AnyBuffer& grads,
-                                       const ffi::AnyBuffer& ids, const ffi::AnyBuffer& seg,
-                                       const F32Buffer& scale, const F32Buffer& hparams,
+                                       const F32Buffer& slot_b, const ffi::AnyBuffer& ids,
+                                       const ffi::AnyBuffer& seg, const F32Buffer& scale,
+                                       const F32Buffer& hparams, const ffi::RemainingArgs& grads,
                                        int64_t optimizer, bool per_id,
                                        const ffi::AnyBuffer& rows, const ffi::AnyBuffer& values,
                                        const F32Buffer& staged_a, const F32Buffer& staged_b,
-                                       const S32Buffer& num_unique, const S32Buffer& finite) {
+                                       const S32Buffer& num_unique, const S32Buffer& finite,
+                                       std::vector<ffi::AnyBuffer>* pieces) {
   Check c("sparse_grad_stage");
   CheckOptimizerOperands(c, table, slot_a, slot_b, hparams, optimizer);
   c.Count("num_unique", num_unique, 1, "a scalar").Count("finite", finite, 1, "a scalar");
   if (c.failed()) return c.error();
   const int64_t d = table.dimensions()[1];
-  CheckGradOperands(c, grads, ids, seg, scale, per_id, d, "D, the table's width");
+  CheckGradPieces(c, grads, d, pieces);
+  if (c.failed()) return c.error();
+  CheckIdOperands(c, ids, seg, scale, per_id);
   const int64_t n = static_cast<int64_t>(ids.element_count());
   const int64_t vocab = table.dimensions()[0];
   c.MinCount("rows", rows, n < vocab ? n : vocab, "[C], C >= min(N, V): a slot per distinct row")

@@ -20,86 +20,121 @@ from embark_jax.core.options import DPGradients
 from embark_jax.core.specs import Combiner
 from embark_jax.ops.lookup import id_scale
 from embark_jax.sharding import routing
-from embark_jax.sharding.clusters.base import ClusterBase, feature_inputs
+from embark_jax.sharding.clusters.base import ClusterBase, group_input
 
 __all__ = ["DPCluster", "DPResiduals"]
 
 
 class DPResiduals(NamedTuple):
-    """Per feature: the local lookups of this device's replica."""
+    """The group's local lookups in this device's replica, features one after the other."""
 
-    rows: dict[str, jax.Array]  # [b * H] buffer row of each id slot, -1 for padding
-    seg: dict[str, jax.Array]  # [b * H] sample of each id slot
-    w: dict[str, jax.Array | None]  # [b * H] weight of each id slot (0 for padding); None:
-    # an unweighted feature
+    rows: jax.Array  # [N] buffer row of each id slot, -1 for padding
+    bag: jax.Array  # [N] output row of each id slot in the group's outputs one after the
+    # other: a pooled feature's sample, a sequence feature's slot (each id its own bag)
+    w: jax.Array | None  # [N] weight of each id slot (0 for padding); None: no feature of
+    # the group is weighted
 
 
 class DPCluster(ClusterBase):
+    """Routing and lookups per group, not per feature: the group's ids are one array
+    (`GroupInput`); each feature's row offset and output rows are small static tables indexed
+    by each slot's feature. One lookup call per pooling kind (usually one per group), and the
+    backward reads each feature's output gradient where it is (`ops.stage_backward_update`
+    takes them as pieces)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        feats = self.features
+        self.row_offset = np.array(
+            [self.group.shard(f.table, 0, 0).row_offset for f in feats], np.int32
+        )
+        self.per_id = np.array([f.combiner is Combiner.NONE for f in feats])
+        self.out_rows = [
+            self.b * self.hotness[f.name] if p else self.b
+            for f, p in zip(feats, self.per_id, strict=True)
+        ]
+        self.out_start = np.concatenate([[0], np.cumsum(self.out_rows)[:-1]]).astype(np.int32)
+        # pooling kinds: a sequence feature pools like `sum` with one id per bag
+        kinds = [Combiner.SUM if f.combiner is Combiner.NONE else f.combiner for f in feats]
+        self.kinds = list(dict.fromkeys(kinds))
+        self.kind_of = np.array([self.kinds.index(k) for k in kinds], np.int32)
+        self.weighted = any(f.weighted for f in feats)
+
     def route(self, batch):
-        res = DPResiduals({}, {}, {})
-        for name, fi in feature_inputs(self.lowered, self.group, batch).items():
-            f = self.lowered.config.feature_by_name[name]
-            offset = self.group.shard(f.table, 0, 0).row_offset
-            res.rows[name] = jnp.where(fi.ids >= 0, fi.ids + offset, -1)
-            res.seg[name] = fi.seg
-            res.w[name] = fi.weights if name in batch.features.weights else None
+        gi = group_input(self.features, batch)
+        f = gi.feature
+        rows = jnp.where(gi.ids >= 0, gi.ids + jnp.asarray(self.row_offset)[f], -1)
+        slot_start = np.concatenate([[0], np.cumsum(gi.sizes)[:-1]]).astype(np.int32)
+        within = jnp.arange(gi.ids.shape[0], dtype=jnp.int32) - jnp.asarray(slot_start)[f]
+        bag = jnp.asarray(self.out_start)[f] + jnp.where(
+            jnp.asarray(self.per_id)[f], within, gi.sample
+        )
+        res = DPResiduals(rows, bag, gi.weights if self.weighted else None)
         return res, jnp.zeros((len(self.table_names),), jnp.int32)
 
+    def _of_kind(self, res, k: int) -> jax.Array:
+        """The slots' rows, -1 where the slot's feature pools by another kind than `k`."""
+        if len(self.kinds) == 1:
+            return res.rows
+        slot_kind = jnp.asarray(self.kind_of)[self._slot_feature(res)]
+        return jnp.where(slot_kind == k, res.rows, -1)
+
+    def _slot_feature(self, res) -> jax.Array:
+        """Each slot's feature, from its bag (the features' output rows are in order)."""
+        return jnp.searchsorted(jnp.asarray(self.out_start), res.bag, side="right") - 1
+
     def owner(self, buffer, res):
-        """One kernel call for all features that pool alike (same combiner, weighted or not;
-        a sequence feature pools like `sum` with one id per bag), usually one per group: their
-        bags one after the other."""
-        calls: dict[tuple[Combiner, bool], list] = {}
-        for f in self.features:
-            kind = Combiner.SUM if f.combiner is Combiner.NONE else f.combiner
-            calls.setdefault((kind, res.w[f.name] is not None), []).append(f)
-        out = {}
-        for (combiner, weighted), feats in calls.items():
-            rows, seg, w, sizes = [], [], [], []
-            for f in feats:
-                n_ids = res.rows[f.name].shape[0]
-                per_id = f.combiner is Combiner.NONE
-                f_seg = jnp.arange(n_ids, dtype=jnp.int32) if per_id else res.seg[f.name]
-                rows.append(res.rows[f.name])
-                seg.append(f_seg + sum(sizes))
-                w.append(res.w[f.name])
-                sizes.append(n_ids if per_id else self.b)
-            y = ops.lookup_pool(
+        """One kernel call per pooling kind (sum, mean, sqrtn), usually one per group; each
+        output row is its feature's, so each call's rows of its own kind are kept."""
+        n_out = sum(self.out_rows)
+        y = None
+        for k, kind in enumerate(self.kinds):
+            y_k = ops.lookup_pool(
                 buffer,
-                jnp.concatenate(rows),
-                jnp.concatenate(seg),
-                sum(sizes),
-                jnp.concatenate(w) if weighted else None,
-                combiner,
+                self._of_kind(res, k),
+                res.bag,
+                n_out,
+                res.w,
+                kind,
                 indices_are_sorted=True,
             )
-            parts = jnp.split(y, np.cumsum(sizes)[:-1].tolist()) if len(feats) > 1 else [y]
-            for f, part in zip(feats, parts, strict=True):
-                out[f.name] = part.astype(jnp.float32).reshape(self.output_shape(f))
-        return out
+            if y is None:
+                y = y_k
+            else:
+                out_kind = np.repeat(self.kind_of, self.out_rows)
+                y = jnp.where(jnp.asarray(out_kind == k)[:, None], y_k, y)
+        return self.split(y)
+
+    def split(self, y):
+        """Group output rows `[sum of out_rows, width]` -> feature -> its output (one split)."""
+        parts = jnp.split(y, np.cumsum(self.out_rows)[:-1].tolist())
+        return {
+            f.name: part.astype(jnp.float32).reshape(self.output_shape(f))
+            for f, part in zip(self.features, parts, strict=True)
+        }
 
     def combine(self, owner_out, res):
         return dict(owner_out)
 
+    def marker_outputs(self, outputs):
+        """One output when one lookup made them all (every output is a slice of it)."""
+        return [next(iter(outputs.values()))] if len(self.kinds) == 1 else list(outputs.values())
+
     def stage(self, buffer, state, res, g_owner, optimizer, step, seed=None):
-        rows, seg, scale, grads = self._flat(res, g_owner)
+        rows, scale = self._slots(res)
+        grads = [g_owner[f.name].astype(jnp.float32).reshape(-1, self.width) for f in self.features]
         vocab, width = buffer.shape
         mode = self.options.dp_gradients
         dense = dp_exchange.dense_wins(
-            vocab, width, rows.shape[0], grads.shape[0], self.num_devices
+            vocab, width, rows.shape[0], sum(self.out_rows), self.num_devices
         )
         if mode is DPGradients.DENSE or (mode is DPGradients.AUTO and dense):
-            # dense all-reduce, then the sparse update of the rows any replica touched
-            # (untouched rows stay untouched: lazy optimizers stay lazy)
-            per_id = jnp.take(grads, seg, axis=0) * scale[:, None]
-            g = jax.lax.psum(ops.segment_sum(per_id, rows, vocab), self.axis_names)
-            ones = jnp.ones(rows.shape, jnp.float32)
-            touched = jax.lax.psum(ops.segment_sum(ones, rows, vocab), self.axis_names)
-            rows_all = jnp.where(touched > 0, jnp.arange(vocab, dtype=jnp.int32), -1)
-            return self.owner_stage(
-                buffer, state, rows_all, None, None, g, optimizer, Combiner.NONE, step, seed
+            return self._stage_dense(
+                buffer, state, rows, res.bag, scale, grads, optimizer, step, seed
             )
+        seg = res.bag
         if self.num_devices > 1:  # every replica applies every device's gradients
+            grads = jnp.concatenate(grads)
             seg = seg + routing.device_index(self.axis_names) * grads.shape[0]
             rows, seg, scale, grads = (
                 jax.lax.all_gather(x, self.axis_names, tiled=True)
@@ -109,24 +144,25 @@ class DPCluster(ClusterBase):
             buffer, state, rows, seg, scale, grads, optimizer, Combiner.SUM, step, seed
         )
 
-    def _flat(self, res, g_owner):
-        """The group's id slots `(rows, bag, scale)` `[N]` and output gradient rows
-        `[M, width]` float32, features one after the other: a pooled feature's bag is its
-        sample, a sequence feature's each id its own bag; `scale` is d(output)/d(row) (the
-        weight over the combiner's divisor), 0 with row -1 for padding."""
-        rows, seg, scale, grads = [], [], [], []
-        offset = 0
-        for f in self.features:
-            f_rows = res.rows[f.name]
-            g = g_owner[f.name].astype(jnp.float32)
-            g = g.reshape(-1, g.shape[-1])
-            n_out = g.shape[0]
-            per_id = f.combiner is Combiner.NONE
-            f_seg = jnp.arange(f_rows.shape[0], dtype=jnp.int32) if per_id else res.seg[f.name]
-            f_scale = id_scale(f_rows, f_seg, n_out, res.w[f.name], f.combiner, None)
-            rows.append(jnp.where(f_scale != 0, f_rows, -1))
-            seg.append(f_seg + offset)
-            scale.append(f_scale)
-            grads.append(g)
-            offset += n_out
-        return tuple(jnp.concatenate(x) for x in (rows, seg, scale, grads))
+    def _stage_dense(self, buffer, state, rows, bag, scale, grads, optimizer, step, seed):
+        """Dense all-reduce, then the sparse update of the rows any replica touched
+        (untouched rows stay untouched: lazy optimizers stay lazy)."""
+        vocab = buffer.shape[0]
+        per_id = jnp.take(jnp.concatenate(grads), bag, axis=0) * scale[:, None]
+        g = jax.lax.psum(ops.segment_sum(per_id, rows, vocab), self.axis_names)
+        ones = jnp.ones(rows.shape, jnp.float32)
+        touched = jax.lax.psum(ops.segment_sum(ones, rows, vocab), self.axis_names)
+        rows_all = jnp.where(touched > 0, jnp.arange(vocab, dtype=jnp.int32), -1)
+        return self.owner_stage(
+            buffer, state, rows_all, None, None, g, optimizer, Combiner.NONE, step, seed
+        )
+
+    def _slots(self, res):
+        """The group's id slots `(rows, scale)` `[N]`: `scale` is d(output)/d(row) (the weight
+        over the combiner's divisor), 0 with row -1 for padding."""
+        n_out = sum(self.out_rows)
+        scale = None
+        for k, kind in enumerate(self.kinds):
+            s_k = id_scale(self._of_kind(res, k), res.bag, n_out, res.w, kind, None)
+            scale = s_k if scale is None else scale + s_k  # each slot has one kind
+        return jnp.where(scale != 0, res.rows, -1), scale
