@@ -54,6 +54,23 @@ class SparseFeatures:
     # --- constructors --------------------------------------------------------------------
 
     @classmethod
+    def abstract(cls, config: EmbeddingConfig, batch_size: int, id_dtype=np.int32):
+        """The shapes of a batch of `batch_size` samples for `config` (every feature
+        `[B, max_hotness]`), as `jax.ShapeDtypeStruct`s: for `jax.eval_shape` and what sizes
+        itself by a batch before one exists (`sharding.init_staging`)."""
+        ids = {
+            f.name: jax.ShapeDtypeStruct((batch_size, f.max_hotness), id_dtype)
+            for f in config.features
+        }
+        lengths = {f.name: jax.ShapeDtypeStruct((batch_size,), np.int32) for f in config.features}
+        weights = {
+            f.name: jax.ShapeDtypeStruct((batch_size, f.max_hotness), np.float32)
+            for f in config.features
+            if f.weighted
+        }
+        return cls(ids, lengths, weights)
+
+    @classmethod
     def from_dense(
         cls,
         ids: Mapping[str, np.ndarray],

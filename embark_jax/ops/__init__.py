@@ -11,6 +11,7 @@ from embark_jax.ops.lookup import lookup_pool, lookup_pool_backward, unique
 from embark_jax.ops.segment import segment_sum
 from embark_jax.ops.update import (
     StagedUpdate,
+    Staging,
     commit_update,
     lookup_pool_backward_update,
     merge_duplicate_rows,
@@ -22,6 +23,7 @@ from embark_jax.ops.update import (
 __all__ = [
     "Backend",
     "StagedUpdate",
+    "Staging",
     "commit_update",
     "current_backend",
     "lookup_pool",

@@ -186,27 +186,40 @@ def sparse_grad_stage(
     kernel_id: int,
     per_id: bool,
     slot_widths: tuple[int, int],
+    staging: tuple | None = None,
 ):
     """`grads`: the output gradient as one or more `[S_k, D]` pieces, rows one after the
     other. The CPU kernel reads them where they are; on a GPU they are concatenated first
-    (the CUDA kernel takes one piece)."""
+    (the CUDA kernel takes one piece). `staging`: `(values, slot_a, slot_b)` shaped like the
+    staged results, which then alias them (the kernel never reads them): donated, the staging
+    memory is the caller's from the last step instead of fresh pages; None, or arrays of other
+    shapes (made for another batch): fresh results."""
     if on_gpu() and len(grads) > 1:
         grads = (jnp.concatenate(grads),)
-    operands = (table, slot_a, slot_b, ids, segment_ids, scale, hparams, *grads)
     n, d = ids.shape[0], table.shape[1]
     c = min(n, table.shape[0])  # staged slots: at most this many distinct rows
     staged = [result_type(ids, (c, w) if w else (1,), jnp.float32) for w in slot_widths]
-    return _call(
-        abi.Target.SPARSE_GRAD_STAGE,
-        (
-            result_type(ids, (c,), ids.dtype),
-            result_type(ids, (c, d), table.dtype),
-            *staged,
-            result_type(ids, (), jnp.int32),
-            result_type(ids, (), jnp.int32),
-            _dedup_workspace(ids, d),
-        ),
-    )(*operands, optimizer=np.int64(kernel_id), per_id=np.int64(per_id))[:6]
+    results = (
+        result_type(ids, (c,), ids.dtype),
+        result_type(ids, (c, d), table.dtype),
+        *staged,
+        result_type(ids, (), jnp.int32),
+        result_type(ids, (), jnp.int32),
+        _dedup_workspace(ids, d),
+    )
+    aliases = {}
+    fits = staging is not None and all(
+        x.shape == r.shape and x.dtype == r.dtype
+        for x, r in zip(staging, results[1:4], strict=True)
+    )
+    if fits:
+        aliases = {7: 1, 8: 2, 9: 3}
+    else:
+        staging = (jnp.zeros((0,), jnp.float32),) * 3
+    operands = (table, slot_a, slot_b, ids, segment_ids, scale, hparams, *staging, *grads)
+    return _call(abi.Target.SPARSE_GRAD_STAGE, results, input_output_aliases=aliases)(
+        *operands, optimizer=np.int64(kernel_id), per_id=np.int64(per_id)
+    )[:6]
 
 
 def commit_rows(table, slot_a, slot_b, rows, values, staged_a, staged_b, commit, kernel_id: int):

@@ -30,6 +30,7 @@ from embark_jax.ops.optimizers import SparseOptimizer, stored_values
 
 __all__ = [
     "StagedUpdate",
+    "Staging",
     "commit_update",
     "kernel_hparams",
     "kernel_slots",
@@ -277,6 +278,19 @@ class StagedUpdate(NamedTuple):
     num_unique: jax.Array
 
 
+class Staging(NamedTuple):
+    """The memory a staged update writes into: `StagedUpdate.values` and `.slots` of an
+    earlier update of the same shapes, handed to the next (`stage_backward_update(staging=)`)."""
+
+    values: jax.Array
+    slot_a: jax.Array
+    slot_b: jax.Array
+
+    @classmethod
+    def of(cls, staged: StagedUpdate) -> Staging:
+        return cls(staged.values, *staged.slots)
+
+
 def stage_backward_update(
     table: jax.Array,
     state: Any,
@@ -289,12 +303,19 @@ def stage_backward_update(
     combiner: Combiner | str = Combiner.SUM,
     step: jax.Array | int | None = None,
     seed: jax.Array | int | None = None,
+    staging: Staging | None = None,
     backend: Backend | str | None = None,
 ) -> StagedUpdate:
     """`lookup_pool_backward_update`'s rows, computed but not written: the table `[V, D]` and
     `state` are only read. Commit them with `commit_update`. Arguments as there, except that
     `output_grads` may also be a sequence of `[S_k, D]` pieces taken as their rows one after
-    the other (the CPU kernel reads each where it is: no concatenated copy)."""
+    the other (the CPU kernel reads each where it is: no concatenated copy).
+
+    `staging`: the arrays of an earlier `StagedUpdate` of the same shapes (`Staging.of`),
+    which the kernel writes this update's staged values and slots into (their contents are
+    never read; arrays of other shapes, made for another batch, are not used). Donated to the jit, they make the staging memory last step's instead of
+    fresh pages: the first touch of a fresh page is a fault that zeroes it, which costs a
+    step about as much as the update itself. The reference backend ignores it."""
     combiner = Combiner.parse(combiner)
     pieces = _grad_pieces("stage_backward_update", output_grads, table.shape[-1])
     num_out = sum(p.shape[0] for p in pieces)
@@ -315,6 +336,7 @@ def stage_backward_update(
             optimizer.kernel_id,
             combiner is Combiner.NONE,
             _slot_widths(optimizer, table.shape[1]),
+            staging,
         )
         return StagedUpdate(rows, values, (sa, sb), finite != 0, num_unique)
     g = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces)

@@ -15,6 +15,7 @@ __all__, __getattr__, __dir__ = lazy_exports(
         "NonFiniteUpdateError": "checks",
         "apply_gradients_fn": "collection",
         "derive_capacities": "capacity",
+        "init_staging": "collection",
         "lookup_fn": "collection",
         "lower": "lowering",
     },

@@ -57,7 +57,7 @@ from embark_jax.training.checkpoint_dir import (
 from embark_jax.training.dynamic_io import LogicalDynamicTable, export_logical, import_logical
 from embark_jax.training.loop import CallbackBase
 from embark_jax.training.runner import StepRunner
-from embark_jax.training.state import TrainSetup, TrainState, init_slots
+from embark_jax.training.state import TrainSetup, TrainState, init_slots, init_staging
 from embark_jax.training.step import all_finite
 from embark_jax.training.table_io import (
     check_arrays,
@@ -465,6 +465,7 @@ def restore(
         slots=slots,
         rng=dense["rng"],
         dynamic=dynamic,
+        staging=init_staging(setup, tables, slots),
     )
     meta["path"] = path
     meta["plan"] = plan

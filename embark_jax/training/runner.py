@@ -39,7 +39,7 @@ from embark_jax.sharding.capacity import grow_capacities
 from embark_jax.sharding.checks import CapacityOverflowError, InvalidIdError
 from embark_jax.sharding.dynamic import COUNT_NAMES
 from embark_jax.training.metrics import DeviceMetrics, HostSums, StreamingAUC
-from embark_jax.training.state import TrainSetup, TrainState, with_plan
+from embark_jax.training.state import TrainSetup, TrainState, init_staging, with_plan
 from embark_jax.training.step import (
     Refusal,
     compile_eval_step,
@@ -256,6 +256,7 @@ class StepRunner:
         position = number if position is None else int(position)
         self._pending.append((position, self._generation, flags, loss))
         self._since_read += 1
+        generation = self._generation
         try:
             self._check_pending(keep=1)
             if self._since_read >= READ_EVERY:
@@ -263,6 +264,8 @@ class StepRunner:
         except (NonFiniteLossError, CapacityOverflowError, InvalidIdError) as e:
             e.state = new
             raise
+        if self._generation != generation and new.staging:  # sized for the grown plan
+            new = new.replace(staging=init_staging(self.setup, new.tables, new.slots))
         return new, StepResult(number, position, loss)
 
     def sync(self) -> None:

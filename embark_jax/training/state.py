@@ -30,13 +30,15 @@ from embark_jax.core.dynamic import DynamicConfig
 from embark_jax.core.options import RuntimeOptions
 from embark_jax.core.plan import Plan
 from embark_jax.core.specs import EmbeddingConfig
+from embark_jax.data.sparse import SparseFeatures
 from embark_jax.ops.optimizers import SparseOptimizer
+from embark_jax.sharding.collection import init_staging as sharding_init_staging
 from embark_jax.sharding.collection import per_table_optimizers
 from embark_jax.sharding.dynamic import DynamicShards
 from embark_jax.sharding.lowering import Lowered, lower
 from embark_jax.training.models import DenseConfig, make_model
 
-__all__ = ["TrainSetup", "TrainState", "create", "full_tables", "with_plan"]
+__all__ = ["TrainSetup", "TrainState", "create", "full_tables", "init_staging", "with_plan"]
 
 
 @jax.tree_util.register_dataclass
@@ -53,6 +55,9 @@ class TrainState:
       rng: a PRNG key (raw uint32), for anything random in the step.
       dynamic: dynamic table name -> its shards, stacked (`DynamicTableState`, leading
         device axis; empty without dynamic tables).
+      staging: group name -> the memory its sparse update is staged into
+        (`sharding.init_staging`; O(ids) a device, never checkpointed: its contents are the
+        last step's staged rows, never read). Empty: every step stages into fresh memory.
     """
 
     step: jax.Array
@@ -62,6 +67,7 @@ class TrainState:
     slots: dict[str, Any]
     rng: jax.Array
     dynamic: dict[str, Any] = dataclasses.field(default_factory=dict)
+    staging: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def replace(self, **changes) -> TrainState:
         return dataclasses.replace(self, **changes)
@@ -162,14 +168,16 @@ def create(
         ),
         dynamic=shards,
     )
+    slots = init_slots(setup, tables)
     state = TrainState(
         step=jax.device_put(jnp.zeros((), jnp.int32), rep),
         dense_params=dense_part["params"],
         dense_opt=dense_part["opt"],
         tables=tables,
-        slots=init_slots(setup, tables),
+        slots=slots,
         rng=dense_part["rng"],
         dynamic={} if shards is None else shards.init(),
+        staging=init_staging(setup, tables, slots),
     )
     return setup, state
 
@@ -192,6 +200,16 @@ def _dynamic_shards(config, dynamic, mesh, sparse_optimizer) -> DynamicShards | 
             raise ValueError(f"create: sparse_optimizer has no entry for dynamic tables {missing}")
         optimizers = {t.name: sparse_optimizer[t.name] for t in dynamic.tables}
     return DynamicShards(dynamic, mesh, optimizers)
+
+
+def init_staging(
+    setup: TrainSetup, tables: Mapping[str, jax.Array], slots: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Staging memory for the plan's batch size (`TrainState.staging`)."""
+    batch = SparseFeatures.abstract(setup.config, setup.lowered.plan.batch_size)
+    return sharding_init_staging(
+        setup.lowered, setup.mesh, setup.options, tables, slots, setup.optimizers, batch
+    )
 
 
 def init_slots(setup: TrainSetup, tables: Mapping[str, jax.Array]) -> dict[str, Any]:

@@ -127,7 +127,7 @@ def train_step(
     if dyn is not None:
         seed = rounding_seed(state.rng, state.step)
         staged, dyn_finite = setup.dynamic.stage(dyn.states, dyn.residuals, g_emb, state.step, seed)
-    tables, slots, applied = apply_gradients_fn(
+    tables, slots, applied, staging = apply_gradients_fn(
         setup.lowered,
         setup.mesh,
         setup.options,
@@ -140,6 +140,7 @@ def train_step(
         seed=rounding_seed(state.rng, state.step),  # bfloat16 stochastic rounding
         step=state.step,
         allow=(status == 0) & dyn_finite,
+        staging=state.staging,
     )
     status |= jnp.where(applied | (status != 0), 0, int(Refusal.SPARSE)).astype(jnp.int32)
     dynamic = state.dynamic
@@ -153,6 +154,7 @@ def train_step(
         tables=tables,
         slots=slots,
         dynamic=dynamic,
+        staging=staging,
     )
     metrics = {
         "loss": loss,

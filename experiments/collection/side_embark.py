@@ -1,7 +1,7 @@
 """embark_jax's contenders, on one CPU device (imported only in an embark worker).
 
-- `embark`: `lookup_fn` + `apply_gradients_fn` in one `jax.jit`, the tables and optimizer
-  slots donated (updated in place), the output gradients given; the planner's plan for one
+- `embark`: `lookup_fn` + `apply_gradients_fn` in one `jax.jit`, the tables, optimizer
+  slots and staging memory (`init_staging`) donated (updated in place), the output gradients given; the planner's plan for one
   device (`embark_jax.planner.plan`, the machine's calibration, its whole memory).
 - `embark_tuned`: the `embark` step in a process with the kernels' opt-in tuning
   (`EMBARK_CPU_TUNING=on`, set by the driver).
@@ -94,7 +94,7 @@ class EmbarkContender:
     # --- construction ------------------------------------------------------------------
 
     def _build_step(self, plan, opt, host, grads):
-        from embark_jax.sharding.collection import apply_gradients_fn, lookup_fn
+        from embark_jax.sharding.collection import apply_gradients_fn, init_staging, lookup_fn
         from embark_jax.training import state as train_state
         from embark_jax.training.models import DenseConfig
 
@@ -118,14 +118,27 @@ class EmbarkContender:
             setup.optimizers,
         )
 
-        def step(tables, slots, batch, grads):
-            outputs, residuals, overflow = lookup_fn(lowered, mesh, options, tables, batch)
-            tables, slots, applied = apply_gradients_fn(
-                lowered, mesh, options, tables, slots, residuals, grads, optimizers, batch
-            )
-            return tables, slots, outputs, overflow, applied
+        self.staging = init_staging(
+            lowered, mesh, options, self.tables, self.slots, optimizers, self.batches[0]
+        )
 
-        self.step_fn = jax.jit(step, donate_argnums=(0, 1))
+        def step(tables, slots, staging, batch, grads):
+            outputs, residuals, overflow = lookup_fn(lowered, mesh, options, tables, batch)
+            tables, slots, applied, staging = apply_gradients_fn(
+                lowered,
+                mesh,
+                options,
+                tables,
+                slots,
+                residuals,
+                grads,
+                optimizers,
+                batch,
+                staging=staging,
+            )
+            return tables, slots, staging, outputs, overflow, applied
+
+        self.step_fn = jax.jit(step, donate_argnums=(0, 1, 2))
 
     def _build_collection(self, plan, opt, host, grads):
         from flax import nnx
@@ -156,8 +169,8 @@ class EmbarkContender:
             applied = self.coll.apply_gradients(res, self.grads)
             self.last = res.outputs
             return res.outputs, list(res.overflow.values()), applied
-        self.tables, self.slots, outputs, overflow, applied = self.step_fn(
-            self.tables, self.slots, batch, self.grads
+        self.tables, self.slots, self.staging, outputs, overflow, applied = self.step_fn(
+            self.tables, self.slots, self.staging, batch, self.grads
         )
         self.last = outputs
         return outputs, overflow, applied

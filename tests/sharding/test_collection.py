@@ -433,3 +433,91 @@ def test_lookup_and_update_in_one_jit_with_given_gradients_copy_no_table(cluster
         setup.lowered.unstack({k: np.asarray(v) for k, v in new_tables.items()})["t"]
     )
     assert not np.array_equal(moved, setup.lowered.unstack(before)["t"])
+
+
+def test_staging_memory_is_written_in_place_and_changes_no_result():
+    """`apply_gradients_fn(staging=init_staging(...))` on the mixed plan (DP, RB, UB groups,
+    8 devices): the same tables and slots as staging into fresh memory, the staging donated
+    and aliased with no copy of it in the compiled step."""
+    from embark_jax.sharding import hlo_scan
+    from embark_jax.sharding.collection import apply_gradients_fn
+    from embark_jax.training import state as train_state
+    from embark_jax.training.models import DenseConfig
+
+    setup, state = train_state.create(
+        CONFIG,
+        mixed_plan(),
+        dense=DenseConfig.mini(),
+        sparse_optimizer=O.RowWiseAdagrad(learning_rate=0.1),
+    )
+    args = (setup.lowered, setup.mesh, setup.options)
+    sparse = jax.device_put(make_batch(3), setup.table_sharding)
+
+    def step(tables, slots, staging):
+        outputs, residuals, _ = lookup_fn(*args, tables, sparse)
+        grads = {k: 0.5 - jnp.cos(v) for k, v in outputs.items()}
+        return apply_gradients_fn(
+            *args, tables, slots, residuals, grads, setup.optimizers, sparse, staging=staging
+        )
+
+    def copy(tree):
+        return jax.tree.map(jnp.copy, tree)
+
+    fresh = jax.jit(lambda t, s: step(t, s, None))(copy(state.tables), copy(state.slots))
+    staging = copy(state.staging)
+    jitted = jax.jit(step, donate_argnums=(0, 1, 2))
+    compiled = jitted.lower(state.tables, state.slots, staging).compile()
+    buffers = {
+        f"staging{i}": (str(x.dtype), x.shape)
+        for i, x in enumerate(jax.tree.leaves(staging))
+        if x.ndim == 2
+    }
+    assert buffers and hlo_scan.scan(compiled.as_text(), buffers) == []
+    per_device = sum(x.nbytes for x in jax.tree.leaves((state.tables, state.slots, staging))) // G
+    assert compiled.memory_analysis().alias_size_in_bytes >= per_device
+    staged = compiled(copy(state.tables), copy(state.slots), staging)
+    for a, b in zip(jax.tree.leaves(fresh), jax.tree.leaves(staged[:3]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("cluster", ["dp", "rb", "ub"])
+def test_staging_made_for_another_batch_is_not_used_and_comes_back_as_it_was(cluster):
+    from embark_jax.sharding.collection import apply_gradients_fn, init_staging
+    from embark_jax.training import state as train_state
+    from embark_jax.training.models import DenseConfig
+
+    vocab, hot, batch = 5_000, 4, 32
+    config = EmbeddingConfig.create(
+        [TableConfig(name="t", vocab_size=vocab, dim=8)],
+        [FeatureConfig(name="f", table="t", max_hotness=hot)],
+    )
+    tp = TablePlan(name="t", cluster=cluster, row_shards=1, column_shards=1, devices=((0,),))
+    plan = Plan(topology=Topology(num_nodes=1, devices_per_node=1), batch_size=batch, tables=(tp,))
+    setup, state = train_state.create(
+        config, plan, dense=DenseConfig.mini(), sparse_optimizer=O.RowWiseAdagrad(learning_rate=0.1)
+    )
+    args = (setup.lowered, setup.mesh, setup.options)
+    host = SparseFeatures.from_dense(
+        {"f": np.random.default_rng(0).integers(0, vocab, (batch, hot))}, config=config
+    )
+    sparse = jax.device_put(host, setup.table_sharding)
+
+    @jax.jit
+    def step(tables, slots, staging):
+        outputs, residuals, _ = lookup_fn(*args, tables, sparse)
+        grads = {k: 0.5 - jnp.cos(v) for k, v in outputs.items()}
+        return apply_gradients_fn(
+            *args, tables, slots, residuals, grads, setup.optimizers, sparse, staging=staging
+        )
+
+    other = init_staging(
+        *args, state.tables, state.slots, setup.optimizers, SparseFeatures.abstract(config, 4)
+    )
+    (g,) = other
+    assert other[g].values.shape[0] < state.staging[g].values.shape[0]  # min(ids, rows)
+    want = step(state.tables, state.slots, state.staging)
+    got = step(state.tables, state.slots, other)
+    for a, b in zip(jax.tree.leaves(want[:3]), jax.tree.leaves(got[:3]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(other[g], got[3][g], strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -129,8 +129,9 @@ def make8(opt, *, dense_opt=None, **options):
 
 def host_bits(state):
     """Every leaf of the state as host bytes (tables, slots, dense parameters, optax state,
-    step), for bit-for-bit comparison."""
-    return [np.asarray(x).tobytes() for x in jax.tree.leaves(state)]
+    step), for bit-for-bit comparison; not the staging memory, scratch that every step writes
+    and none reads (`TrainState.staging`)."""
+    return [np.asarray(x).tobytes() for x in jax.tree.leaves(state.replace(staging={}))]
 
 
 @needs_8

@@ -99,7 +99,9 @@ struct Pieces {
 ffi::Error SparseGradStageImpl(
     ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffer<ffi::F32> slot_a,
     ffi::Buffer<ffi::F32> slot_b, ffi::AnyBuffer ids, ffi::AnyBuffer seg,
-    ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> hparams, ffi::RemainingArgs grads,
+    ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> hparams,
+    ffi::AnyBuffer /*staging values: aliased, never read*/, ffi::AnyBuffer /*staging a*/,
+    ffi::AnyBuffer /*staging b*/, ffi::RemainingArgs grads,
     ffi::Result<ffi::AnyBuffer> rows, ffi::Result<ffi::AnyBuffer> values,
     ffi::Result<ffi::Buffer<ffi::F32>> staged_a, ffi::Result<ffi::Buffer<ffi::F32>> staged_b,
     ffi::Result<ffi::Buffer<ffi::S32>> num_unique, ffi::Result<ffi::Buffer<ffi::S32>> finite,

@@ -312,7 +312,9 @@ ffi::Error SparseGradUpdateCudaImpl(
 ffi::Error SparseGradStageCudaImpl(
     cudaStream_t stream, ffi::AnyBuffer table, ffi::Buffer<ffi::F32> slot_a,
     ffi::Buffer<ffi::F32> slot_b, ffi::AnyBuffer ids, ffi::AnyBuffer seg,
-    ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> hparams, ffi::RemainingArgs grad_pieces,
+    ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> hparams,
+    ffi::AnyBuffer /*staging values: aliased, never read*/, ffi::AnyBuffer /*staging a*/,
+    ffi::AnyBuffer /*staging b*/, ffi::RemainingArgs grad_pieces,
     ffi::Result<ffi::AnyBuffer> rows, ffi::Result<ffi::AnyBuffer> values,
     ffi::Result<ffi::Buffer<ffi::F32>> staged_a, ffi::Result<ffi::Buffer<ffi::F32>> staged_b,
     ffi::Result<ffi::Buffer<ffi::S32>> num_unique, ffi::Result<ffi::Buffer<ffi::S32>> finite,

@@ -37,15 +37,20 @@
     .Ret<xla::ffi::AnyBuffer>()             /* workspace */                  \
     .Attr<int64_t>("optimizer")                                              \
     .Attr<int64_t>("per_id")
-// embark_sparse_grad_stage: table and slots, ids, segment_ids, scale, hparams, then the output
-// gradient as one or more [S_k, D] pieces, rows one after the other; rows [C], values [C, D],
-// staged slots, num_unique, finite, workspace
+// embark_sparse_grad_stage: table and slots, ids, segment_ids, scale, hparams, the staging
+// buffers (values, staged slot a, b: never read; the caller aliases them to the staged results
+// so that a step's staging memory is the last step's, not fresh pages, or passes [0] dummies),
+// then the output gradient as one or more [S_k, D] pieces, rows one after the other;
+// rows [C], values [C, D], staged slots, num_unique, finite, workspace
 #define EMBARK_SPARSE_GRAD_STAGE_OPERANDS                       \
     EMBARK_TABLE_AND_SLOTS_ARGS                                 \
     .Arg<xla::ffi::AnyBuffer>()             /* ids */           \
     .Arg<xla::ffi::AnyBuffer>()             /* segment_ids */   \
     .Arg<xla::ffi::Buffer<xla::ffi::F32>>() /* scale */         \
     .Arg<xla::ffi::Buffer<xla::ffi::F32>>() /* hparams */       \
+    .Arg<xla::ffi::AnyBuffer>()             /* staging values */\
+    .Arg<xla::ffi::AnyBuffer>()             /* staging slot a */\
+    .Arg<xla::ffi::AnyBuffer>()             /* staging slot b */\
     .RemainingArgs()                        /* grads pieces */  \
     .Ret<xla::ffi::AnyBuffer>()             /* rows */          \
     .Ret<xla::ffi::AnyBuffer>()             /* values */        \

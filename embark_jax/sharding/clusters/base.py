@@ -180,7 +180,9 @@ class ClusterBase:
     def combine(self, owner_out: Any, res: Any) -> dict[str, jax.Array]:
         raise NotImplementedError
 
-    def stage(self, buffer, state, res, g_owner, optimizer: SparseOptimizer, step, seed=None):
+    def stage(
+        self, buffer, state, res, g_owner, optimizer: SparseOptimizer, step, seed=None, staging=None
+    ):
         raise NotImplementedError
 
     def combine_group(self, owner_out: Any, res: Any) -> Any:
@@ -218,23 +220,32 @@ class ClusterBase:
         return list(outputs.values())
 
     def backward_stage(
-        self, buffer, state, res, output_grads, optimizer: SparseOptimizer, step, seed=None
+        self,
+        buffer,
+        state,
+        res,
+        output_grads,
+        optimizer: SparseOptimizer,
+        step,
+        seed=None,
+        staging: ops.Staging | None = None,
     ) -> ops.StagedUpdate:
         """Routes output gradients to the owners (VJP of the linear combine, evaluated at
         zeros: no forward recomputation is needed) and stages the fused sparse update of the
         rows they touch (`buffer` `[rows, width]` and `state` are only read). `step`: the
         optimizer's step counter (learning-rate schedules); `seed` (uint32, the same on every
         device): stochastic rounding of the group's bfloat16 tables when the group asks for
-        it (`Group.stochastic_rounding`)."""
+        it (`Group.stochastic_rounding`); `staging`: the memory to stage into
+        (`ops.stage_backward_update`), or None for fresh."""
         zeros = self.owner_out_zeros(buffer, res)
         _, vjp = jax.vjp(lambda o: self.combine_group(o, res), zeros)
         (g_owner,) = vjp(self.join(output_grads))
         seed = seed if self.group.stochastic_rounding else None
-        return self.stage(buffer, state, res, g_owner, optimizer, step, seed)
+        return self.stage(buffer, state, res, g_owner, optimizer, step, seed, staging)
 
     @staticmethod
     def owner_stage(
-        buffer, state, rows, seg, weights, g, optimizer, combiner, step, seed=None
+        buffer, state, rows, seg, weights, g, optimizer, combiner, step, seed=None, staging=None
     ) -> ops.StagedUpdate:
         """The owner side: one fused backward + optimizer call over every request this
         device received (duplicates across sources are merged), staged."""
@@ -249,4 +260,5 @@ class ClusterBase:
             combiner=combiner,
             step=step,
             seed=seed,
+            staging=staging,
         )

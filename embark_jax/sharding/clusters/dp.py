@@ -120,7 +120,7 @@ class DPCluster(ClusterBase):
         """One output when one lookup made them all (every output is a slice of it)."""
         return [next(iter(outputs.values()))] if len(self.kinds) == 1 else list(outputs.values())
 
-    def stage(self, buffer, state, res, g_owner, optimizer, step, seed=None):
+    def stage(self, buffer, state, res, g_owner, optimizer, step, seed=None, staging=None):
         rows, scale = self._slots(res)
         grads = [g_owner[f.name].astype(jnp.float32).reshape(-1, self.width) for f in self.features]
         vocab, width = buffer.shape
@@ -130,7 +130,7 @@ class DPCluster(ClusterBase):
         )
         if mode is DPGradients.DENSE or (mode is DPGradients.AUTO and dense):
             return self._stage_dense(
-                buffer, state, rows, res.bag, scale, grads, optimizer, step, seed
+                buffer, state, rows, res.bag, scale, grads, optimizer, step, seed, staging
             )
         seg = res.bag
         if self.num_devices > 1:  # every replica applies every device's gradients
@@ -141,10 +141,10 @@ class DPCluster(ClusterBase):
                 for x in (rows, seg, scale, grads)
             )
         return self.owner_stage(
-            buffer, state, rows, seg, scale, grads, optimizer, Combiner.SUM, step, seed
+            buffer, state, rows, seg, scale, grads, optimizer, Combiner.SUM, step, seed, staging
         )
 
-    def _stage_dense(self, buffer, state, rows, bag, scale, grads, optimizer, step, seed):
+    def _stage_dense(self, buffer, state, rows, bag, scale, grads, optimizer, step, seed, staging):
         """Dense all-reduce, then the sparse update of the rows any replica touched
         (untouched rows stay untouched: lazy optimizers stay lazy)."""
         vocab = buffer.shape[0]
@@ -154,7 +154,7 @@ class DPCluster(ClusterBase):
         touched = jax.lax.psum(ops.segment_sum(ones, rows, vocab), self.axis_names)
         rows_all = jnp.where(touched > 0, jnp.arange(vocab, dtype=jnp.int32), -1)
         return self.owner_stage(
-            buffer, state, rows_all, None, None, g, optimizer, Combiner.NONE, step, seed
+            buffer, state, rows_all, None, None, g, optimizer, Combiner.NONE, step, seed, staging
         )
 
     def _slots(self, res):

@@ -267,10 +267,10 @@ class RBCluster(ClusterBase):
 
     # --- owner update ------------------------------------------------------------------
 
-    def stage(self, buffer, state, res, g_owner, optimizer, step, seed=None):
+    def stage(self, buffer, state, res, g_owner, optimizer, step, seed=None, staging=None):
         g = g_owner.reshape(-1, self.width)
         return self.owner_stage(
-            buffer, state, res.rows, res.seg, res.w, g, optimizer, Combiner.SUM, step, seed
+            buffer, state, res.rows, res.seg, res.w, g, optimizer, Combiner.SUM, step, seed, staging
         )
 
 
