@@ -128,12 +128,11 @@ def check_batch(
     top = np.iinfo(flat.dtype).max
     last = [min(config.table_by_name[f.table].vocab_size - 1, top) for f in feats]
     sizes = np.array([x.size for x in xs])
-    feature = jnp.repeat(
-        jnp.arange(len(names), dtype=jnp.int32), sizes, total_repeat_length=flat.shape[0]
-    )
-    bad = (flat < PAD) | (flat > jnp.asarray(np.array(last, flat.dtype))[feature])
+    # per-slot tables as numpy constants: XLA would fold them from the sizes, slowly
+    feature = np.repeat(np.arange(len(names), dtype=np.int32), sizes)
+    bad = (flat < PAD) | (flat > jnp.asarray(np.array(last, flat.dtype)[feature]))
     index = np.array([list(tables).index(f.table) for f in feats], np.int32)
-    table = jnp.asarray(index)[feature]
+    table = jnp.asarray(index[feature])
     counts = jnp.zeros((len(tables),), jnp.int32).at[table].add(bad.astype(jnp.int32))
     fixed = jnp.where(bad, jnp.asarray(PAD, flat.dtype), flat)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])

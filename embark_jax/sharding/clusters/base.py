@@ -35,7 +35,7 @@ from embark_jax.ops.optimizers import SparseOptimizer
 from embark_jax.sharding.bounds import CheckedBatch
 from embark_jax.sharding.lowering import Group, Lowered
 
-__all__ = ["ClusterBase", "FeatureInput", "GroupInput", "group_input"]
+__all__ = ["ClusterBase", "FeatureInput", "GroupInput", "group_input", "slot_features"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +65,18 @@ class GroupInput:
 
     ids: jax.Array  # [N]
     weights: jax.Array  # [N] float32 (0 for padding, 1 when unweighted)
-    feature: jax.Array  # [N] int32 index of each slot's feature in the group's features
-    sample: jax.Array  # [N] int32 sample of each slot
+    feature: np.ndarray  # [N] int32 index of each slot's feature in the group's features
+    sample: np.ndarray  # [N] int32 sample of each slot
     sizes: tuple[int, ...]  # slots of each feature (b * its hotness)
+
+
+def slot_features(sizes) -> np.ndarray:
+    """`[sum(sizes)]` int32: slot i's index in `sizes` (feature k has `sizes[k]` slots).
+
+    Static per-slot arrays are numpy, computed once at trace time and given to XLA as
+    constants: computed in the program from static sizes, XLA would fold them itself, slowly
+    (its evaluator took seconds per million slots, most of a step's compile time)."""
+    return np.repeat(np.arange(len(sizes), dtype=np.int32), np.asarray(sizes, np.int64))
 
 
 def group_input(features: tuple[FeatureConfig, ...], batch: CheckedBatch) -> GroupInput:
@@ -76,12 +85,10 @@ def group_input(features: tuple[FeatureConfig, ...], batch: CheckedBatch) -> Gro
     flat = batch.flat_ids(names)
     sizes = tuple(batch.spans[n][1] for n in names)
     hot = np.array([batch.features.ids[n].shape[1] for n in names], np.int32)
-    feature = jnp.repeat(
-        jnp.arange(len(sizes), dtype=jnp.int32), np.array(sizes), total_repeat_length=flat.shape[0]
-    )
+    feature = slot_features(sizes)
     start = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
-    pos = jnp.arange(flat.shape[0], dtype=jnp.int32)
-    sample = (pos - jnp.asarray(start)[feature]) // jnp.asarray(hot)[feature]
+    pos = np.arange(flat.shape[0], dtype=np.int32)
+    sample = ((pos - start[feature]) // np.maximum(hot, 1)[feature]).astype(np.int32)
     weights = batch.features.weights
     w = jnp.ones(flat.shape, jnp.float32)
     if any(n in weights for n in names):

@@ -62,26 +62,24 @@ class DPCluster(ClusterBase):
 
     def route(self, batch):
         gi = group_input(self.features, batch)
-        f = gi.feature
-        rows = jnp.where(gi.ids >= 0, gi.ids + jnp.asarray(self.row_offset)[f], -1)
+        f = gi.feature  # numpy: every per-slot table below is a constant
+        rows = jnp.where(gi.ids >= 0, gi.ids + jnp.asarray(self.row_offset[f]), -1)
         slot_start = np.concatenate([[0], np.cumsum(gi.sizes)[:-1]]).astype(np.int32)
-        within = jnp.arange(gi.ids.shape[0], dtype=jnp.int32) - jnp.asarray(slot_start)[f]
-        bag = jnp.asarray(self.out_start)[f] + jnp.where(
-            jnp.asarray(self.per_id)[f], within, gi.sample
-        )
-        res = DPResiduals(rows, bag, gi.weights if self.weighted else None)
+        within = np.arange(f.shape[0], dtype=np.int32) - slot_start[f]
+        bag = self.out_start[f] + np.where(self.per_id[f], within, gi.sample)
+        res = DPResiduals(rows, jnp.asarray(bag), gi.weights if self.weighted else None)
         return res, jnp.zeros((len(self.table_names),), jnp.int32)
 
     def _of_kind(self, res, k: int) -> jax.Array:
         """The slots' rows, -1 where the slot's feature pools by another kind than `k`."""
         if len(self.kinds) == 1:
             return res.rows
-        slot_kind = jnp.asarray(self.kind_of)[self._slot_feature(res)]
-        return jnp.where(slot_kind == k, res.rows, -1)
+        kind = np.repeat(self.kind_of, self._slots_per_feature(res))
+        return jnp.where(jnp.asarray(kind == k), res.rows, -1)
 
-    def _slot_feature(self, res) -> jax.Array:
-        """Each slot's feature, from its bag (the features' output rows are in order)."""
-        return jnp.searchsorted(jnp.asarray(self.out_start), res.bag, side="right") - 1
+    def _slots_per_feature(self, res) -> np.ndarray:
+        """Each feature's id slots, from the residuals' static length (b * hotness each)."""
+        return np.array([self.b * self.hotness[f.name] for f in self.features])
 
     def owner(self, buffer, res):
         """One kernel call per pooling kind (sum, mean, sqrtn), usually one per group; each

@@ -31,7 +31,7 @@ from embark_jax.core.layout import local_row_of, row_shard_of
 from embark_jax.core.specs import Combiner
 from embark_jax.sharding import routing
 from embark_jax.sharding.capacity import group_capacity
-from embark_jax.sharding.clusters.base import ClusterBase, group_input
+from embark_jax.sharding.clusters.base import ClusterBase, group_input, slot_features
 
 __all__ = ["RBCluster", "RBResiduals"]
 
@@ -137,17 +137,17 @@ class RBCluster(ClusterBase):
 
     def route(self, batch):
         gi = group_input(self.features, batch)
-        feat, k, slot = self._requests(gi)
+        feat, k, slot = self._requests(gi)  # numpy: per-request tables are constants
         take = (lambda x: x) if slot is None else (lambda x: x[slot])
         ids = take(gi.ids)
         valid = ids >= 0
-        r = jnp.asarray(self.splits[:, 1])[feat]
-        j = jnp.where(valid, row_shard_of(ids, r), 0)
-        p = jnp.asarray(self.place_start)[feat] + k * r + j
+        r = self.splits[:, 1][feat]
+        j = jnp.where(valid, row_shard_of(ids, jnp.asarray(r)), 0)
+        p = jnp.asarray(self.place_start[feat] + k * r) + j
         dev, off, owner_slot = (jnp.asarray(x)[p] for x in self.place)
         payloads = {
-            "row": (off + local_row_of(ids, r), -1),
-            "bag": (owner_slot * self.b + take(gi.sample), 0),
+            "row": (off + local_row_of(ids, jnp.asarray(r)), -1),
+            "bag": (owner_slot * self.b + jnp.asarray(take(gi.sample)), 0),
         }
         if any(f.weighted for f in self.features):  # weights travel only when there are any
             payloads["w"] = (take(gi.weights), 0.0)
@@ -163,9 +163,9 @@ class RBCluster(ClusterBase):
         return res, self._lost_per_table(gi, dropped, slot)
 
     def _requests(self, gi):
-        """`(feature, column slice, slot)` of each request: every slot of feature i sends
-        c_i requests, features one after the other and each one's slices in order (slot
-        None: one request per slot, as with a single column slice everywhere)."""
+        """`(feature, column slice, slot)` of each request, numpy: every slot of feature i
+        sends c_i requests, features one after the other and each one's slices in order
+        (slot None: one request per slot, as with a single column slice everywhere)."""
         c = self.splits[:, 0]
         if (c == 1).all():
             return gi.feature, 0, None
@@ -173,11 +173,10 @@ class RBCluster(ClusterBase):
         counts = c * sizes
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
         slot_starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
-        n = int(counts.sum())
-        feat = jnp.repeat(jnp.arange(len(c), dtype=jnp.int32), counts, total_repeat_length=n)
-        within = jnp.arange(n, dtype=jnp.int32) - jnp.asarray(starts)[feat]
-        size = jnp.asarray(sizes.astype(np.int32))[feat]
-        return feat, within // size, jnp.asarray(slot_starts)[feat] + within % size
+        feat = slot_features(counts)
+        within = np.arange(feat.shape[0], dtype=np.int32) - starts[feat]
+        size = sizes.astype(np.int32)[feat]
+        return feat, within // size, slot_starts[feat] + within % size
 
     def _denominators(self, gi):
         """`[b, F]` divisors of the features' bags (1 for sum), or None when no feature of
@@ -201,7 +200,7 @@ class RBCluster(ClusterBase):
         lost = dropped.astype(jnp.int32)
         if slot is not None:
             lost = jnp.zeros(gi.ids.shape, jnp.int32).at[slot].max(lost)
-        table = jnp.asarray(self.feature_table)[gi.feature]
+        table = jnp.asarray(self.feature_table[gi.feature])
         return jnp.zeros((len(self.table_names),), jnp.int32).at[table].add(lost)
 
     # --- owner: pool per (source, slot, sample) -----------------------------------------
