@@ -58,6 +58,12 @@ class SparseFeatures:
         """The shapes of a batch of `batch_size` samples for `config` (every feature
         `[B, max_hotness]`), as `jax.ShapeDtypeStruct`s: for `jax.eval_shape` and what sizes
         itself by a batch before one exists (`sharding.init_staging`)."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
+            raise ValueError(
+                f"SparseFeatures.abstract: batch_size must be an int, got {batch_size!r}"
+            )
+        if batch_size < 1:
+            raise ValueError(f"SparseFeatures.abstract: batch_size must be >= 1, got {batch_size}")
         ids = {
             f.name: jax.ShapeDtypeStruct((batch_size, f.max_hotness), id_dtype)
             for f in config.features

@@ -217,10 +217,22 @@ def _backward_inputs(name, table, num_out, ids, segment_ids, weights, combiner):
 def _grad_pieces(name: str, output_grads, width: int) -> tuple[jax.Array, ...]:
     """The output gradient as a tuple of `[S_k, D]` pieces of one dtype (an array: one
     piece); a one-line error for anything else."""
-    pieces = (output_grads,) if hasattr(output_grads, "shape") else tuple(output_grads)
-    pieces = tuple(jnp.asarray(p) for p in pieces)
+    if hasattr(output_grads, "shape"):
+        pieces = (output_grads,)
+    elif isinstance(output_grads, list | tuple):
+        pieces = tuple(output_grads)
+    else:
+        raise ValueError(
+            f"{name}: output_grads must be an array or a list of [S_k, {width}] arrays, got "
+            f"{type(output_grads).__name__}"
+        )
     if not pieces:
         raise ValueError(f"{name}: output_grads is empty; one or more [S_k, {width}] expected")
+    for k, p in enumerate(pieces):
+        if not hasattr(p, "shape") or not jnp.issubdtype(p.dtype, jnp.floating):
+            what = f"{p.dtype} array" if hasattr(p, "dtype") else type(p).__name__
+            raise ValueError(f"{name}: output_grads piece {k} must be a float array, got a {what}")
+    pieces = tuple(jnp.asarray(p) for p in pieces)
     for k, p in enumerate(pieces):
         if p.ndim != 2 or p.shape[1] != width or p.dtype != pieces[0].dtype:
             raise ValueError(
@@ -266,7 +278,7 @@ class StagedUpdate(NamedTuple):
     rows: `[C]` the distinct table rows, ascending, -1 after the last.
     values: `[C, D]` their new weights, in the table's dtype (rounded as the kernels round).
     slots: the two kernel slot operands' new rows, `[C, w]` for a slot of w floats per row
-      (`abi::SlotRowWidth`), `[1]` for an unused one.
+      (`abi::SlotRowWidth`), `[1]` for an unused one (whose value is undefined: never read).
     finite: `[]` bool, every staged weight and slot value is finite.
     num_unique: `[]` int32, distinct ids seen.
     """

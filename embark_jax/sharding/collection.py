@@ -218,8 +218,9 @@ def apply_gradients_fn(
     `staging` (from `init_staging`, donated with the buffers): the memory each group's update
     is staged into, returned for the next step; without it every step stages into fresh
     memory, whose page faults cost about as much as the update. A group whose staging does not
-    fit this batch (another batch shape than it was made for) stages into fresh memory and
-    hands its staging back untouched."""
+    fit this batch (another batch shape or dtype than it was made for) stages into fresh memory
+    and hands its staging back untouched; a group missing from `staging` stages into fresh
+    memory and is missing from the returned staging too."""
     stochastic = [g.name for g in lowered.groups if g.stochastic_rounding]
     if seed is None and stochastic:
         raise ValueError(
@@ -229,6 +230,8 @@ def apply_gradients_fn(
         )
     seed = jnp.zeros((), jnp.uint32) if seed is None else jnp.asarray(seed).astype(jnp.uint32)
     step = jnp.zeros((), jnp.int32) if step is None else jnp.asarray(step, jnp.int32)
+    if staging is not None:
+        staging = _checked_staging(lowered, staging)
     return _apply(
         lowered,
         mesh,
@@ -292,7 +295,10 @@ def _apply(
             fresh = ops.Staging.of(staged[gname])
             old = stg.get(gname)
             if old is not None:
-                fits = all(a.shape == b.shape for a, b in zip(old, fresh, strict=True))
+                fits = all(
+                    a.shape == b.shape and a.dtype == b.dtype
+                    for a, b in zip(old, fresh, strict=True)
+                )
                 new_stg[gname] = fresh if fits else old
             elif discover:
                 new_stg[gname] = fresh
@@ -304,6 +310,32 @@ def _apply(
     stg = dict(staging or {})
     out = run(dict(buffers), dict(states), residuals, dict(output_grads), stg, seed, step, allow)
     return out if staging is not None else out[:3]
+
+
+def _checked_staging(lowered: Lowered, staging) -> dict[str, ops.Staging]:
+    """`staging` as `{group: ops.Staging}`; a one-line error for another type or an unknown
+    group name."""
+    if not isinstance(staging, Mapping):
+        raise ValueError(
+            "apply_gradients_fn: staging must map group names to ops.Staging (init_staging), "
+            f"got {type(staging).__name__}"
+        )
+    names = [g.name for g in lowered.groups]
+    out = {}
+    for name, value in staging.items():
+        if name not in names:
+            raise ValueError(
+                f"apply_gradients_fn: staging has unknown group {name!r}; groups: {names}"
+            )
+        if not (isinstance(value, tuple | list) and len(value) == 3) or not all(
+            hasattr(x, "shape") for x in value
+        ):
+            raise ValueError(
+                f"apply_gradients_fn: staging[{name!r}] must be an ops.Staging of 3 arrays "
+                f"(init_staging), got {type(value).__name__}"
+            )
+        out[name] = ops.Staging(*value)
+    return out
 
 
 def init_staging(

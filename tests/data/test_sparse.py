@@ -370,3 +370,14 @@ def test_ids_that_would_wrap_are_refused_by_a_jitted_train_step():
     sparse.lengths["fn"][2] = 2
     new, metrics = step(state, batch)  # in range: trains
     assert int(new.step) == 1 and [int(x) for x in metrics["invalid"]] == [0, 0]
+
+
+def test_abstract_batch_has_every_feature_at_max_hotness_and_refuses_a_bad_size():
+    sf = SparseFeatures.abstract(CFG, 8)
+    assert {k: v.shape for k, v in sf.ids.items()} == {"a": (8, 3), "b": (8, 2)}
+    assert {k: v.shape for k, v in sf.lengths.items()} == {"a": (8,), "b": (8,)}
+    assert list(sf.weights) == ["b"] and sf.weights["b"].dtype == np.float32
+    for bad in (0, -1, 2.5, True, "8", None):
+        with pytest.raises(ValueError, match=r"SparseFeatures\.abstract: batch_size") as e:
+            SparseFeatures.abstract(CFG, bad)
+        assert "\n" not in str(e.value)

@@ -105,7 +105,15 @@ def test_gradient_pieces_stage_as_their_concatenation(backend, dtype, combiner):
 def test_gradient_pieces_of_another_width_or_dtype_are_refused_in_one_line():
     table, ids, seg, grads = inputs()
     opt = O.SGD(learning_rate=0.1)
-    for bad in ([grads, grads[:, :3]], [grads, grads.astype(jnp.bfloat16)], []):
+    for bad in (
+        [grads, grads[:, :3]],
+        [grads, grads.astype(jnp.bfloat16)],
+        [],
+        [grads, None],
+        [grads.astype(jnp.int32)],
+        None,
+        {"a": grads},
+    ):
         with pytest.raises(ValueError, match=r"stage_backward_update: output_grads") as err:
             ops.stage_backward_update(table, opt.init(table), bad, ids, seg, optimizer=opt)
         assert "\n" not in str(err.value)

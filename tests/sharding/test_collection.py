@@ -521,3 +521,12 @@ def test_staging_made_for_another_batch_is_not_used_and_comes_back_as_it_was(clu
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     for a, b in zip(other[g], got[3][g], strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    given = (state.tables, state.slots, None, {}, setup.optimizers, sparse)
+    for bad, says in (
+        ({"nope": other[g]}, "staging has unknown group 'nope'"),
+        ({g: other[g][:2]}, f"staging\\['{g}'\\] must be an ops.Staging"),
+        ([other[g]], "staging must map group names"),
+    ):
+        with pytest.raises(ValueError, match=f"apply_gradients_fn: {says}") as e:
+            apply_gradients_fn(*args, *given, staging=bad)
+        assert "\n" not in str(e.value)

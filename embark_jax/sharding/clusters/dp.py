@@ -38,9 +38,10 @@ class DPResiduals(NamedTuple):
 class DPCluster(ClusterBase):
     """Routing and lookups per group, not per feature: the group's ids are one array
     (`GroupInput`); each feature's row offset and output rows are small static tables indexed
-    by each slot's feature. One lookup call per pooling kind (usually one per group), and the
-    backward reads each feature's output gradient where it is (`ops.stage_backward_update`
-    takes them as pieces)."""
+    by each slot's feature. One lookup call per pooling kind (usually one per group). On one
+    device the backward reads each feature's output gradient where it is
+    (`ops.stage_backward_update` takes them as pieces); on more, the gradients are
+    concatenated once for the all-gather that every replica applies."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
