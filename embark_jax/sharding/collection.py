@@ -232,41 +232,16 @@ def apply_gradients_fn(
     step = jnp.zeros((), jnp.int32) if step is None else jnp.asarray(step, jnp.int32)
     if staging is not None:
         staging = _checked_staging(lowered, staging)
-    return _apply(
-        lowered,
-        mesh,
-        options,
-        buffers,
-        states,
-        residuals,
-        output_grads,
-        optimizers,
-        batch_like,
-        seed,
-        step,
-        allow,
-        staging,
-    )
+    args = (buffers, states, residuals, output_grads, optimizers, batch_like, seed, step, allow)
+    return _apply(lowered, mesh, options, args, staging)
 
 
-def _apply(
-    lowered,
-    mesh,
-    options,
-    buffers,
-    states,
-    residuals,
-    output_grads,
-    optimizers,
-    batch_like,
-    seed,
-    step,
-    allow,
-    staging,
-    discover: bool = False,
-):
-    """`apply_gradients_fn` after its checks; `discover`: return every group's staged
-    memory, also of the groups `staging` lacks (`init_staging` reads its shapes)."""
+def _apply(lowered, mesh, options, args: tuple, staging, discover: bool = False):
+    """`apply_gradients_fn` after its checks, `args` its arguments `(buffers, states,
+    residuals, output_grads, optimizers, batch_like, seed, step, allow)`; `discover`: return
+    every group's staged memory, also of the groups `staging` lacks (`init_staging` reads
+    its shapes)."""
+    buffers, states, residuals, output_grads, optimizers, batch_like, seed, step, allow = args
     clusters = _clusters_for(lowered, batch_like, options)
     spec = lowered.spec
 
@@ -357,8 +332,8 @@ def init_staging(
     def staged(bufs, sts, batch):
         outputs, residuals, _ = lookup_fn(lowered, mesh, options, bufs, batch)
         seed, step, allow = jnp.zeros((), jnp.uint32), jnp.zeros((), jnp.int32), jnp.bool_(True)
-        args = (bufs, sts, residuals, outputs, optimizers, batch, seed, step, allow, {})
-        return _apply(lowered, mesh, options, *args, discover=True)[3]
+        args = (bufs, sts, residuals, outputs, optimizers, batch, seed, step, allow)
+        return _apply(lowered, mesh, options, args, {}, discover=True)[3]
 
     shapes = jax.eval_shape(staged, dict(buffers), dict(states), batch_like)
     sharding = lowered.sharding(mesh)
