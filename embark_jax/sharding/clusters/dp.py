@@ -60,6 +60,8 @@ class DPCluster(ClusterBase):
         self.kinds = list(dict.fromkeys(kinds))
         self.kind_of = np.array([self.kinds.index(k) for k in kinds], np.int32)
         self.weighted = any(f.weighted for f in feats)
+        # each id slot's pooling kind (a feature has b * hotness slots, as in `GroupInput`)
+        self.slot_kind = np.repeat(self.kind_of, [self.b * self.hotness[f.name] for f in feats])
 
     def route(self, batch):
         gi = group_input(self.features, batch)
@@ -75,12 +77,7 @@ class DPCluster(ClusterBase):
         """The slots' rows, -1 where the slot's feature pools by another kind than `k`."""
         if len(self.kinds) == 1:
             return res.rows
-        kind = np.repeat(self.kind_of, self._slots_per_feature(res))
-        return jnp.where(jnp.asarray(kind == k), res.rows, -1)
-
-    def _slots_per_feature(self, res) -> np.ndarray:
-        """Each feature's id slots, from the residuals' static length (b * hotness each)."""
-        return np.array([self.b * self.hotness[f.name] for f in self.features])
+        return jnp.where(jnp.asarray(self.slot_kind == k), res.rows, -1)
 
     def owner(self, buffer, res):
         """One kernel call per pooling kind (sum, mean, sqrtn), usually one per group; each
