@@ -188,7 +188,12 @@ def sparse_grad_stage(
     slot_widths: tuple[int, int],
     staging: tuple | None = None,
 ):
-    """`grads`: the output gradient as one or more `[S_k, D]` pieces, rows one after the
+    """Returns `(rows, previous values, previous slot a, b, num_unique, finite, table,
+    slot a, slot b)`: the last three updated in place (aliased). `table` `[..., V, D]` may
+    carry leading dimensions (a `shard_map` block), its slots the same ones. `hparams` may
+    carry extra elements after the ABI's (never read: values the update waits for).
+
+    `grads`: the output gradient as one or more `[S_k, D]` pieces, rows one after the
     other. The CPU kernel reads them where they are; on a GPU they are concatenated first
     (the CUDA kernel takes one piece). `staging`: `(values, slot_a, slot_b)` shaped like the
     staged results, which then alias them (the kernel never reads them): donated, the staging
@@ -196,8 +201,8 @@ def sparse_grad_stage(
     shapes (made for another batch): fresh results."""
     if on_gpu() and len(grads) > 1:
         grads = (jnp.concatenate(grads),)
-    n, d = ids.shape[0], table.shape[1]
-    c = min(n, table.shape[0])  # staged slots: at most this many distinct rows
+    n, d = ids.shape[0], table.shape[-1]
+    c = min(n, math.prod(table.shape[:-1]))  # staged slots: at most this many distinct rows
     staged = [result_type(ids, (c, w) if w else (1,), jnp.float32) for w in slot_widths]
     results = (
         result_type(ids, (c,), ids.dtype),
@@ -206,20 +211,24 @@ def sparse_grad_stage(
         result_type(ids, (), jnp.int32),
         result_type(ids, (), jnp.int32),
         _dedup_workspace(ids, d),
+        result_type(table, table.shape, table.dtype),
+        result_type(slot_a, slot_a.shape, jnp.float32),
+        result_type(slot_b, slot_b.shape, jnp.float32),
     )
-    aliases = {}
+    aliases = {0: 7, 1: 8, 2: 9}
     fits = staging is not None and all(
         x.shape == r.shape and x.dtype == r.dtype
         for x, r in zip(staging, results[1:4], strict=True)
     )
     if fits:
-        aliases = {7: 1, 8: 2, 9: 3}
+        aliases.update({7: 1, 8: 2, 9: 3})
     else:
         staging = (jnp.zeros((0,), jnp.float32),) * 3
     operands = (table, slot_a, slot_b, ids, segment_ids, scale, hparams, *staging, *grads)
-    return _call(abi.Target.SPARSE_GRAD_STAGE, results, input_output_aliases=aliases)(
+    out = _call(abi.Target.SPARSE_GRAD_STAGE, results, input_output_aliases=aliases)(
         *operands, optimizer=np.int64(kernel_id), per_id=np.int64(per_id)
-    )[:6]
+    )
+    return (*out[:6], *out[7:])
 
 
 def commit_rows(table, slot_a, slot_b, rows, values, staged_a, staged_b, commit, kernel_id: int):

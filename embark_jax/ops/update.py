@@ -3,11 +3,12 @@
 - `sparse_update`: fused in-place row updates of a table and its optimizer slots.
 - `lookup_pool_backward_update`: the backward of `lookup_pool` fused with the optimizer,
   in place (FBGEMM's fused backward).
-- `stage_backward_update` + `commit_update`: the same update in two calls. The stage computes
-  every touched row's new weights and slots into `[N, ...]` staging arrays (O(ids), the table
-  is only read) and says whether they are all finite; the commit writes them in place, or,
-  given a false verdict, nothing. A training step decides the verdict on device between the
-  two (docs/design.md §8), so a step is in place and still never commits a bad update.
+- `stage_backward_update` + `commit_update`: the same update, undoable. The stage updates
+  every touched row in place and saves the rows' previous weights and slots to `[C, ...]`
+  staging arrays (O(ids)), and says whether the updated values are all finite; the commit
+  keeps the update, or, given a false verdict, writes the saved rows back. A training step
+  decides the verdict on device after the stage (docs/design.md §8), so a step reads and
+  writes each touched row once, in place, and still never keeps a bad update.
 
 This module is also the adapter between the optimizers (`ops.optimizers`: NamedTuple states,
 hyper-parameters as traced scalars) and the kernels' ABI (`ops.abi`: two slot operands, one
@@ -257,13 +258,13 @@ def _reference_row_grads(table, g, ids, segment_ids, weights, combiner):
     )[:2]
 
 
-# --- staged: compute, decide, commit -----------------------------------------------------
+# --- undoable: update, decide, keep or undo -----------------------------------------------------
 
 
 def read_marker(*arrays: jax.Array) -> jax.Array:
     """int32 `[k]`: the bits of one element of each of `arrays` (the outputs of a lookup),
-    for `commit_update(after=...)`: a few bytes that make the write wait for whatever
-    produced them."""
+    for `stage_backward_update(after=...)`: a few bytes that make the in-place update wait
+    for whatever produced them."""
     parts = [
         jax.lax.bitcast_convert_type(x.reshape(-1)[:1].astype(jnp.float32), jnp.int32)
         for x in arrays
@@ -272,17 +273,24 @@ def read_marker(*arrays: jax.Array) -> jax.Array:
 
 
 class StagedUpdate(NamedTuple):
-    """The rows a staged update would write (`stage_backward_update`): C = min(N ids, V
-    rows) slots, as many as there can be distinct rows.
+    """An update applied in place and still undoable (`stage_backward_update`): the table and
+    optimizer state after it, and the previous values of the rows it touched, C = min(N ids,
+    V rows) slots, as many as there can be distinct rows. `commit_update` keeps it or writes
+    the previous rows back.
 
+    table: the table after the update (the input's buffer: XLA aliases it).
+    state: the optimizer state after the update; an update count (Adam's) is advanced by
+      `commit_update`, only for a kept update.
     rows: `[C]` the distinct table rows, ascending, -1 after the last.
-    values: `[C, D]` their new weights, in the table's dtype (rounded as the kernels round).
-    slots: the two kernel slot operands' new rows, `[C, w]` for a slot of w floats per row
-      (`abi::SlotRowWidth`), `[1]` for an unused one (whose value is undefined: never read).
-    finite: `[]` bool, every staged weight and slot value is finite.
+    values: `[C, D]` their previous weights, in the table's dtype.
+    slots: the two kernel slot operands' previous rows, `[C, w]` for a slot of w floats per
+      row (`abi::SlotRowWidth`), `[1]` for an unused one (whose value is undefined).
+    finite: `[]` bool, every updated weight and slot value is finite.
     num_unique: `[]` int32, distinct ids seen.
     """
 
+    table: jax.Array
+    state: Any
     rows: jax.Array
     values: jax.Array
     slots: tuple[jax.Array, jax.Array]
@@ -291,8 +299,9 @@ class StagedUpdate(NamedTuple):
 
 
 class Staging(NamedTuple):
-    """The memory a staged update writes into: `StagedUpdate.values` and `.slots` of an
-    earlier update of the same shapes, handed to the next (`stage_backward_update(staging=)`)."""
+    """The memory a staged update saves the previous rows into: `StagedUpdate.values` and
+    `.slots` of an earlier update of the same shapes, handed to the next
+    (`stage_backward_update(staging=)`)."""
 
     values: jax.Array
     slot_a: jax.Array
@@ -316,27 +325,45 @@ def stage_backward_update(
     step: jax.Array | int | None = None,
     seed: jax.Array | int | None = None,
     staging: Staging | None = None,
+    after: jax.Array | None = None,
     backend: Backend | str | None = None,
 ) -> StagedUpdate:
-    """`lookup_pool_backward_update`'s rows, computed but not written: the table `[V, D]` and
-    `state` are only read. Commit them with `commit_update`. Arguments as there, except that
-    `output_grads` may also be a sequence of `[S_k, D]` pieces taken as their rows one after
-    the other (the CPU kernel reads each where it is: no concatenated copy).
+    """`lookup_pool_backward_update`, undoable: the rows are updated in place (donate `table`
+    and `state`) and their previous values saved; keep or undo it with `commit_update`.
+    Arguments as there, except:
 
-    `staging`: the arrays of an earlier `StagedUpdate` of the same shapes (`Staging.of`),
-    which the kernel writes this update's staged values and slots into (their contents are
-    never read; arrays of other shapes, made for another batch, are not used). Donated to the jit, they make the staging memory last step's instead of
-    fresh pages: the first touch of a fresh page is a fault that zeroes it, which costs a
-    step about as much as the update itself. The reference backend ignores it."""
+    - `table` `[..., V, D]` may carry leading dimensions (a `shard_map` block `[1, V, D]`,
+      the state's arrays the same ones): updated as it is, XLA aliases it with no copy.
+    - `output_grads` may be a sequence of `[S_k, D]` pieces taken as their rows one after the
+      other (the CPU kernel reads each where it is: no concatenated copy).
+    - `staging`: the arrays of an earlier `StagedUpdate` of the same shapes (`Staging.of`),
+      which the kernel saves the previous rows into (their contents are never read; arrays
+      of other shapes, made for another batch, are not used). Donated to the jit, they make
+      the staging memory last step's instead of fresh pages: the first touch of a fresh page
+      is a fault that zeroes it, which costs a step about as much as the update itself. The
+      reference backend ignores it.
+    - `after`: an int32 array the update must wait for (never read), e.g. `read_marker` of
+      a lookup of the same table in the same jit whose outputs the update does not otherwise
+      depend on; without it XLA keeps such a lookup and the in-place update apart by copying
+      the whole table."""
     combiner = Combiner.parse(combiner)
+    lead = table.ndim - 2
+    if lead < 0:
+        raise ValueError(f"stage_backward_update: table must be [..., V, D], got {table.shape}")
+    local_state = jax.tree.map(lambda x: x[(0,) * lead], state) if lead else state
+    rows_view = table.reshape(table.shape[-2:]) if lead else table
     pieces = _grad_pieces("stage_backward_update", output_grads, table.shape[-1])
     num_out = sum(p.shape[0] for p in pieces)
     ids, segment_ids, scale = _backward_inputs(
-        "stage_backward_update", table, num_out, ids, segment_ids, weights, combiner
+        "stage_backward_update", rows_view, num_out, ids, segment_ids, weights, combiner
     )
     if _uses_kernels(backend, pieces[0].dtype, table.dtype):
         slot_a, slot_b = kernel_slots(optimizer, state)
-        rows, values, sa, sb, num_unique, finite = _ffi.sparse_grad_stage(
+        hparams = kernel_hparams(optimizer, local_state, step, seed)
+        if after is not None:  # ordering operands ride behind the hyper-parameters, never read
+            marks = jax.lax.bitcast_convert_type(jnp.asarray(after, jnp.int32), jnp.float32)
+            hparams = jnp.concatenate([hparams, marks.reshape(-1)])
+        rows, values, sa, sb, num_unique, finite, new_table, a, b = _ffi.sparse_grad_stage(
             table,
             slot_a,
             slot_b,
@@ -344,64 +371,72 @@ def stage_backward_update(
             ids,
             segment_ids,
             scale,
-            kernel_hparams(optimizer, state, step, seed),
+            hparams,
             optimizer.kernel_id,
             combiner is Combiner.NONE,
-            _slot_widths(optimizer, table.shape[1]),
+            _slot_widths(optimizer, table.shape[-1]),
             staging,
         )
-        return StagedUpdate(rows, values, (sa, sb), finite != 0, num_unique)
+        new_state = from_kernel_slots(optimizer, state, a, b, 0)
+        return StagedUpdate(new_table, new_state, rows, values, (sa, sb), finite != 0, num_unique)
     g = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces)
-    rows, row_grads = _reference_row_grads(table, g, ids, segment_ids, weights, combiner)
-    return _stage_rows(table, state, rows, row_grads, optimizer, step, seed)
+    rows, row_grads = _reference_row_grads(rows_view, g, ids, segment_ids, weights, combiner)
+    return _stage_rows(table, state, local_state, rows, row_grads, optimizer, step, seed)
 
 
-def _stage_rows(table, state, rows, row_grads, optimizer, step, seed) -> StagedUpdate:
-    """The reference stage: the optimizer's math on the gathered rows."""
-    valid = (rows >= 0) & (rows < table.shape[0])
+def _stage_rows(table, state, local_state, rows, row_grads, optimizer, step, seed):
+    """The reference stage: the optimizer's math on the gathered rows, scattered in place."""
+    lead = (0,) * (table.ndim - 2)
+    vocab = table.shape[-2]
+    valid = (rows >= 0) & (rows < vocab)
     safe = jnp.where(valid, rows, 0)
-    w = jnp.take(table, safe, axis=0).astype(jnp.float32)
-    slots = tuple(jnp.take(s, safe, axis=0) for s in optimizer.slot_arrays(state))
+    at = (*lead, jnp.where(valid, rows, vocab))
+    w_old = table[(*lead, safe)]
+    full = optimizer.slot_arrays(state)
+    old_slots = tuple(s[(*lead, safe)] for s in full)
     new_w, new_slots = optimizer.rows_update(
-        w, slots, row_grads.astype(jnp.float32), optimizer.hparams(state, step)
+        w_old.astype(jnp.float32),
+        old_slots,
+        row_grads.astype(jnp.float32),
+        optimizer.hparams(local_state, step),
     )
     values = stored_values(new_w, table.dtype, rows, seed)
-    staged = [s.reshape(rows.shape[0], -1) for s in new_slots]
     ok = jnp.all(jnp.isfinite(values.astype(jnp.float32)) | ~valid[:, None])
-    for s in staged:
-        ok &= jnp.all(jnp.isfinite(s) | ~valid[:, None])
+    for s in new_slots:
+        ok &= jnp.all(jnp.isfinite(s.reshape(rows.shape[0], -1)) | ~valid[:, None])
+    new_table = table.at[at].set(values, mode="drop")
+    slots = tuple(f.at[at].set(s, mode="drop") for f, s in zip(full, new_slots, strict=True))
+    saved = [s.reshape(rows.shape[0], -1) for s in old_slots]
     dummy = jnp.zeros((1,), jnp.float32)
-    staged = (*staged, dummy, dummy)[:2]
+    saved = (*saved, dummy, dummy)[:2]
     rows = jnp.where(valid, rows, -1)
-    return StagedUpdate(rows, values, staged, ok, jnp.sum(valid, dtype=jnp.int32))
+    return StagedUpdate(
+        new_table,
+        optimizer.advance(state, slots, 0),
+        rows,
+        w_old,
+        saved,
+        ok,
+        jnp.sum(valid, dtype=jnp.int32),
+    )
 
 
 def commit_update(
-    table: jax.Array,
-    state: Any,
     staged: StagedUpdate,
     commit: jax.Array | bool,
     *,
     optimizer: SparseOptimizer,
-    after: jax.Array | None = None,
     backend: Backend | str | None = None,
 ) -> tuple[jax.Array, Any]:
-    """Writes `staged` into `table` and `state` in place when `commit` (a bool scalar, may be
-    traced) is true; otherwise returns them bit-identical. `table` may carry leading
-    dimensions (`[1, V, D]`, a `shard_map` block of a stacked buffer; the state's slot
-    arrays carry the same ones): updating the block as it is lets XLA alias it with no copy.
-    An optimizer that counts updates (Adam) counts this one only when committed.
-
-    `after`: an int32 array the write must wait for (never read), e.g. `read_marker` of a
-    lookup of the same table in the same jit whose outputs the update does not otherwise
-    depend on; without it XLA keeps such a lookup and the in-place write apart by copying
-    the whole table."""
+    """Keeps the update `staged` when `commit` (a bool scalar, may be traced) is true, and
+    otherwise writes its saved rows back, in place: returns `(table, state)`, bit-identical to
+    the stage's inputs when undone. An optimizer that counts updates (Adam) counts this one
+    only when kept."""
     commit = jnp.asarray(commit)
+    table = staged.table
     if _uses_kernels(backend, table.dtype):
-        slot_a, slot_b = kernel_slots(optimizer, state)
-        verdict = commit.astype(jnp.int32).reshape(1)
-        if after is not None:  # ordering operands ride behind the verdict, never read
-            verdict = jnp.concatenate([verdict, jnp.asarray(after, jnp.int32).reshape(-1)])
+        slot_a, slot_b = kernel_slots(optimizer, staged.state)
+        undo = (~commit).astype(jnp.int32).reshape(1)
         new_table, a, b = _ffi.commit_rows(
             table,
             slot_a,
@@ -409,17 +444,17 @@ def commit_update(
             staged.rows,
             staged.values,
             *staged.slots,
-            verdict,
+            undo,
             optimizer.kernel_id,
         )
-        return new_table, from_kernel_slots(optimizer, state, a, b, commit)
+        return new_table, from_kernel_slots(optimizer, staged.state, a, b, commit)
     lead = (0,) * (table.ndim - 2)
     vocab = table.shape[-2]
-    valid = commit & (staged.rows >= 0) & (staged.rows < vocab)
+    valid = ~commit & (staged.rows >= 0) & (staged.rows < vocab)
     at = (*lead, jnp.where(valid, staged.rows, vocab))
     new_table = table.at[at].set(staged.values.astype(table.dtype), mode="drop")
     slots = []
-    for full, rows in zip(optimizer.slot_arrays(state), staged.slots, strict=False):
+    for full, rows in zip(optimizer.slot_arrays(staged.state), staged.slots, strict=False):
         per_row = full.shape[len(lead) + 1 :]
         slots.append(full.at[at].set(rows.reshape(-1, *per_row), mode="drop"))
-    return new_table, optimizer.advance(state, tuple(slots), commit)
+    return new_table, optimizer.advance(staged.state, tuple(slots), commit)

@@ -202,12 +202,13 @@ def apply_gradients_fn(
     `(buffers, states, applied)` after the update, and with `staging` given
     `(buffers, states, applied, staging)`.
 
-    Every group's update is staged first (`ops.stage_backward_update`: the new values of the
-    rows the batch touches, O(ids); the buffers are only read). The update is committed, on
-    every device at once, only if `allow` (a bool scalar the caller decides, e.g. a finite
-    loss) holds and every staged value on every device is finite; otherwise nothing is
-    written and the buffers and states come back bit-identical. `applied` (`[]` bool,
-    replicated) says which happened. Donate `buffers` and `states` to update in place.
+    Every group's update is applied in place first, undoably (`ops.stage_backward_update`:
+    the rows the batch touches are updated where they lie and their previous values saved,
+    O(ids)). The update is kept, on every device at once, only if `allow` (a bool scalar the
+    caller decides, e.g. a finite loss) holds and every updated value on every device is
+    finite; otherwise the saved rows are written back and the buffers and states come back
+    bit-identical. `applied` (`[]` bool, replicated) says which happened. Donate `buffers`
+    and `states`: they are updated in place.
 
     `optimizers` maps each group (buffer) name to its sparse optimizer; `step` is their step
     counter (a learning-rate schedule is evaluated at it; required for scheduled rates).
@@ -216,8 +217,8 @@ def apply_gradients_fn(
     required when there are such tables.
 
     `staging` (from `init_staging`, donated with the buffers): the memory each group's update
-    is staged into, returned for the next step; without it every step stages into fresh
-    memory, whose page faults cost about as much as the update. A group whose staging does not
+    saves the previous rows into, returned for the next step; without it every step saves
+    into fresh memory, whose page faults cost about as much as the update. A group whose staging does not
     fit this batch (another batch shape or dtype than it was made for) stages into fresh memory
     and hands its staging back untouched; a group missing from `staging` stages into fresh
     memory and is missing from the returned staging too."""
@@ -246,12 +247,19 @@ def _apply(lowered, mesh, options, args: tuple, staging, discover: bool = False)
     spec = lowered.spec
 
     def body(bufs, sts, res, grads, stg, seed, step, allow):
-        staged, markers, finite = {}, {}, jnp.bool_(True)
+        staged, finite = {}, jnp.bool_(True)
         for gname, cl in clusters.items():
-            local_state = jax.tree.map(lambda x: x[0], sts[gname])
-            r, markers[gname] = jax.tree.map(lambda x: x[0], res[gname])
+            r, marker = jax.tree.map(lambda x: x[0], res[gname])
             staged[gname] = cl.backward_stage(
-                bufs[gname][0], local_state, r, grads, optimizers[gname], step, seed, stg.get(gname)
+                bufs[gname],
+                sts[gname],
+                r,
+                grads,
+                optimizers[gname],
+                step,
+                seed,
+                stg.get(gname),
+                after=marker,
             )
             finite &= staged[gname].finite
         bad = jax.lax.psum((~finite).astype(jnp.int32), lowered.axis_names)
@@ -259,12 +267,7 @@ def _apply(lowered, mesh, options, args: tuple, staging, discover: bool = False)
         new_b, new_s, new_stg = {}, {}, {}
         for gname in clusters:
             new_b[gname], new_s[gname] = ops.commit_update(
-                bufs[gname],
-                sts[gname],
-                staged[gname],
-                commit,
-                optimizer=optimizers[gname],
-                after=markers[gname],
+                staged[gname], commit, optimizer=optimizers[gname]
             )
         for gname in clusters:
             fresh = ops.Staging.of(staged[gname])

@@ -342,10 +342,12 @@ class DynamicShards:
     # --- update --------------------------------------------------------------------------
 
     def stage(self, states, residuals, grads: Mapping[str, jax.Array], step, seed=None):
-        """Stages every table's fused sparse update from the outputs' gradients
-        (`grads[feature]` `[B, dim]`); reads the states only. Returns `(staged, finite)`:
-        per table an `ops.StagedUpdate` with a leading device axis, and `[]` bool, every
-        staged value on every device finite."""
+        """Applies every table's fused sparse update from the outputs' gradients
+        (`grads[feature]` `[B, dim]`) in place, undoably (`ops.stage_backward_update`; donate
+        the states' values and optimizer states). Returns `(staged, finite)`: per table an
+        `ops.StagedUpdate` (the updated values and optimizer state, the saved rows with a
+        leading device axis), and `[]` bool, every updated value on every device finite; hand
+        both to `commit`."""
         b_local = next(iter(grads.values())).shape[0] // self.num_shards
         step = jnp.asarray(step, jnp.int32)
         seed = jnp.zeros((), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
@@ -353,11 +355,10 @@ class DynamicShards:
         def body(sts, res, grads, step, seed):
             staged, finite = {}, jnp.bool_(True)
             for t in self.config.tables:
-                state = jax.tree.map(lambda x: x[0], sts[t.name])
                 r = jax.tree.map(lambda x: x[0], res[t.name])
-                s = self._stage_table(t, state, r, grads, b_local, step, seed)
+                s = self._stage_table(t, sts[t.name], r, grads, b_local, step, seed)
                 finite &= s.finite
-                staged[t.name] = jax.tree.map(lambda x: x[None], s)
+                staged[t.name] = _with_device_axis(s)
             bad = jax.lax.psum((~finite).astype(jnp.int32), self.axis_names)
             return staged, bad == 0
 
@@ -370,7 +371,8 @@ class DynamicShards:
         )
         return run(dict(states), dict(residuals), dict(grads), step, seed)
 
-    def _stage_table(self, t, state, res, grads, b, step, seed):
+    def _stage_table(self, t, block, res, grads, b, step, seed):
+        """`block`: the table's state with its leading device axis (updated where it is)."""
         replicated = self.config.is_replicated(t.name)
         k = res.slots.shape[0] // self.num_shards
         shape = (k, t.dim) if replicated else (self.num_shards, k, t.dim)
@@ -382,8 +384,8 @@ class DynamicShards:
             g = jax.lax.all_gather(g, self.axis_names, tiled=True)
         stochastic = jnp.dtype(t.dtype) == jnp.bfloat16
         return ops.stage_backward_update(
-            state.values,
-            state.opt_state,
+            block.values,
+            block.opt_state,
             g.reshape(-1, t.dim),
             res.slots,
             None,
@@ -392,33 +394,39 @@ class DynamicShards:
             combiner=Combiner.NONE,
             step=step,
             seed=seed if stochastic else None,
+            after=res.marker,
         )
 
-    def commit(self, states, residuals, staged, commit):
-        """Writes the staged rows in place when `commit` (`[]` bool) holds; otherwise the
-        values and optimizer slots come back bit-identical."""
+    def commit(self, states, staged, commit):
+        """Keeps the staged updates when `commit` (`[]` bool) holds; otherwise writes the
+        saved rows back, so that the values and optimizer slots come back bit-identical to
+        the stage's. `states`: the states the stage was given (their other fields are kept)."""
 
-        def body(sts, res, staged, commit):
+        def body(sts, staged, commit):
             out = {}
             for t in self.config.tables:
-                s = sts[t.name]
-                one = jax.tree.map(lambda x: x[0], staged[t.name])
                 values, opt = ops.commit_update(
-                    s.values,
-                    s.opt_state,
-                    one,
-                    commit,
-                    optimizer=self.optimizers[t.name],
-                    after=res[t.name].marker[0],
+                    _without_device_axis(staged[t.name]), commit, optimizer=self.optimizers[t.name]
                 )
-                out[t.name] = s._replace(values=values, opt_state=opt)
+                out[t.name] = sts[t.name]._replace(values=values, opt_state=opt)
             return out
 
         spec = self.spec
         run = self._jitted(
             ("commit",),
-            lambda: jax.shard_map(
-                body, mesh=self.mesh, in_specs=(spec, spec, spec, P()), out_specs=spec
-            ),
+            lambda: jax.shard_map(body, mesh=self.mesh, in_specs=(spec, spec, P()), out_specs=spec),
         )
-        return run(dict(states), dict(residuals), dict(staged), jnp.asarray(commit, bool))
+        return run(dict(states), dict(staged), jnp.asarray(commit, bool))
+
+
+def _with_device_axis(staged: ops.StagedUpdate) -> ops.StagedUpdate:
+    """A device's staged update as a `shard_map` output: the saved rows and the verdict get a
+    leading device axis (the table and state already carry theirs)."""
+    lead = jax.tree.map(lambda x: x[None], staged._replace(table=None, state=None))
+    return lead._replace(table=staged.table, state=staged.state)
+
+
+def _without_device_axis(staged: ops.StagedUpdate) -> ops.StagedUpdate:
+    """`_with_device_axis` undone, inside `shard_map`."""
+    one = jax.tree.map(lambda x: x[0], staged._replace(table=None, state=None))
+    return one._replace(table=staged.table, state=staged.state)

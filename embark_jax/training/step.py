@@ -145,7 +145,7 @@ def train_step(
     status |= jnp.where(applied | (status != 0), 0, int(Refusal.SPARSE)).astype(jnp.int32)
     dynamic = state.dynamic
     if dyn is not None:
-        dynamic = setup.dynamic.commit(dyn.states, dyn.residuals, staged, applied)
+        dynamic = setup.dynamic.commit(dyn.states, staged, applied)
     keep = functools.partial(jax.tree.map, lambda new, old: jnp.where(applied, new, old))
     new = state.replace(
         step=state.step + applied.astype(state.step.dtype),

@@ -81,7 +81,7 @@ def _compiled_step_bytes(replicated: bool, capacity: int, batch: int, dim: int, 
         lk = shards.lookup(states, ids, 0)
         grads = {k: jnp.cos(v) for k, v in lk.outputs.items()}
         staged, ok = shards.stage(lk.states, lk.residuals, grads, 0)
-        return shards.commit(lk.states, lk.residuals, staged, ok)
+        return shards.commit(lk.states, staged, ok)
 
     ids = {"f": jax.device_put(jnp.zeros((batch, hot, 2), jnp.uint32), NamedSharding(mesh, P("d")))}
     text = jax.jit(step).lower(shards.init(), ids).compile().as_text()

@@ -76,7 +76,7 @@ def _train(shards, steps=4, seed=0):
         lk = shards.lookup(states, ids, step)
         grads = {k: jnp.cos(v + step) for k, v in lk.outputs.items()}
         staged, finite = shards.stage(lk.states, lk.residuals, grads, step)
-        return shards.commit(lk.states, lk.residuals, staged, finite), lk.outputs, lk.counts
+        return shards.commit(lk.states, staged, finite), lk.outputs, lk.counts
 
     states = shards.init()
     rng = np.random.default_rng(seed)
@@ -222,7 +222,7 @@ def test_a_donated_step_copies_no_table():
     def step(states, ids):
         lk = shards.lookup(states, ids, 1)
         staged, finite = shards.stage(lk.states, lk.residuals, lk.outputs, 1)
-        return shards.commit(lk.states, lk.residuals, staged, finite)
+        return shards.commit(lk.states, staged, finite)
 
     words = key_words(np.arange(B * 4, dtype=np.int64) * 977).reshape(B, 4, 2)
     ids = {"f": jax.device_put(words, NamedSharding(shards.mesh, P("d")))}

@@ -412,7 +412,7 @@ def test_every_isa_stages_the_bits_of_the_in_place_update(table_dtype, dim):
             previous = native.set_cpu_isa(isa)
             try:
                 staged = ops.stage_backward_update(table, state, grads, ids, seg, **kw)
-                got, got_s = ops.commit_update(table, state, staged, True, optimizer=opt)
+                got, got_s = ops.commit_update(staged, True, optimizer=opt)
             finally:
                 native.set_cpu_isa(previous)
             where = f"{type(opt).__name__} {isa}"

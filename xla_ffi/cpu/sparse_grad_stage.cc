@@ -1,17 +1,20 @@
-// The fused backward + optimizer of sparse_grad_update, staged: dedup the looked-up ids,
-// reduce each unique row's gradient and compute the row's updated weights and slots, but
-// write them to staging rows instead of the table, and say whether every staged value is
-// finite. The table and slots are only read. commit_rows then writes the staged rows, or
-// nothing: a training step decides on device, between the two calls, whether to commit
-// (the staged rows, the loss and the dense update all finite, no refused overflow).
+// The fused backward + optimizer of sparse_grad_update, undoable: dedup the looked-up ids,
+// reduce each unique row's gradient, save the row's current weights and slots to staging
+// rows, update the row in place, and say whether every updated value is finite. commit_rows
+// then writes the saved rows back (an undo), or nothing: a training step decides on device,
+// after this call, whether to keep the update (the updated rows, the loss and the dense
+// update all finite, no refused overflow). Each touched row is read and written once, where
+// it lies; a kept step writes nothing more.
 //
 // The output gradient comes in one or more pieces, rows one after the other (GradRows): the
 // DP cluster passes each feature's gradient as it is, with no concatenated copy.
 //
 // Staged row k holds the k-th smallest distinct id inside the table; rows past the distinct
-// count are -1 (the caller sizes them min(N, V), as many as there can be distinct rows). bfloat16 values are rounded exactly as the in-place kernels round them (cpu_optim.h),
-// so committing the staged rows gives the table sparse_grad_update would have written.
+// count are -1 (the caller sizes them min(N, V), as many as there can be distinct rows).
+// bfloat16 values are rounded exactly as the in-place kernels round them (cpu_optim.h), so
+// the updated table is the one sparse_grad_update would have written.
 #include <atomic>
+#include <cstring>
 #include <vector>
 
 #include "cpu_grad.h"
@@ -28,7 +31,7 @@
 namespace embark {
 namespace {
 
-// Where the staged rows go, and the dedup'd ids and operands every worker reads.
+// Where the previous rows go, and the dedup'd ids and operands every worker reads.
 struct Stage {
   const SortedIds* s;
   const RawArray<int64_t>* starts;
@@ -38,11 +41,14 @@ struct Stage {
   const float* scale;
   Optimizer opt;
   abi::Hparams hp;
-  const float* sa;  // the table's slots (read)
-  const float* sb;
-  float* out_a;  // staged slots [C, wa], [C, wb]
-  float* out_b;
+  float* sa;  // the table's slots (updated in place)
+  float* sb;
+  float* old_a;  // the previous slot rows [C, wa], [C, wb]
+  float* old_b;
 };
+
+// How many runs ahead the per-row loop prefetches table and slot rows.
+constexpr int64_t kAhead = 4;
 
 // The per-row loop, once per instruction set (stage_body.inc); floating-point contraction
 // stays off so that every copy rounds exactly as the portable one.
@@ -69,8 +75,8 @@ namespace stage_avx512 {
 #endif
 
 template <typename T, typename G, typename R>
-bool Run(ffi::ThreadPool& pool, const Stage& p, const T* table, const GradRows<G>& grads,
-         T* values, R* out_rows) {
+bool Run(ffi::ThreadPool& pool, const Stage& p, T* table, const GradRows<G>& grads, T* values,
+         R* out_rows) {
 #if EMBARK_HAVE_X86_SIMD
   const CpuIsa isa = ActiveCpuIsa();
   if (isa >= CpuIsa::AVX512) return stage_avx512::Run(pool, p, table, grads, values, out_rows);
@@ -105,29 +111,34 @@ ffi::Error SparseGradStageImpl(
     ffi::Result<ffi::AnyBuffer> rows, ffi::Result<ffi::AnyBuffer> values,
     ffi::Result<ffi::Buffer<ffi::F32>> staged_a, ffi::Result<ffi::Buffer<ffi::F32>> staged_b,
     ffi::Result<ffi::Buffer<ffi::S32>> num_unique, ffi::Result<ffi::Buffer<ffi::S32>> finite,
-    ffi::Result<ffi::AnyBuffer> /*workspace: CUDA*/, int64_t optimizer, int64_t per_id) {
+    ffi::Result<ffi::AnyBuffer> /*workspace: CUDA*/, ffi::Result<ffi::AnyBuffer> table_out,
+    ffi::Result<ffi::Buffer<ffi::F32>> slot_a_out, ffi::Result<ffi::Buffer<ffi::F32>> slot_b_out,
+    int64_t optimizer, int64_t per_id) {
   std::vector<ffi::AnyBuffer> pieces;
   ffi::Error err = CheckSparseGradStage(table, slot_a, slot_b, ids, seg, scale, hparams, grads,
                                         optimizer, per_id != 0, *rows, *values, *staged_a,
-                                        *staged_b, *num_unique, *finite, &pieces);
+                                        *staged_b, *num_unique, *finite, *table_out, *slot_a_out,
+                                        *slot_b_out, &pieces);
   if (err.failure()) return err;
+  StartTableAndSlots(table, slot_a, slot_b, *table_out, *slot_a_out, *slot_b_out);
   const Pieces g_pieces(pieces);
   const int64_t n = static_cast<int64_t>(ids.element_count());
-  const int64_t d = table.dimensions()[1];
+  const TableRows block = RowsOf(table);
+  const int64_t d = block.d;
   const int64_t cap = static_cast<int64_t>(rows->element_count());
   NoteFreshOutput(values->untyped_data(), static_cast<int64_t>(values->size_bytes()));
   SortedIds s = SortValidIds(n, [&ids](int64_t i) { return LoadId(ids, i); });
   RawArray<int64_t> starts = RunStarts(s.keys);
   // Runs of ids past the table sort last; dropping them leaves at most min(N, V) <= C runs.
   while (starts.size() > 1 &&
-         static_cast<int64_t>(s.keys[starts[starts.size() - 2]]) >= table.dimensions()[0]) {
+         static_cast<int64_t>(s.keys[starts[starts.size() - 2]]) >= block.vocab) {
     starts.truncate(starts.size() - 1);
   }
   const int64_t u = static_cast<int64_t>(starts.size()) - 1;
-  const Stage p{&s, &starts, table.dimensions()[0], d, abi::SlotRowWidth(optimizer, 0, d),
+  const Stage p{&s, &starts, block.vocab, d, abi::SlotRowWidth(optimizer, 0, d),
                 abi::SlotRowWidth(optimizer, 1, d), &seg, per_id != 0, scale.typed_data(),
                 static_cast<Optimizer>(optimizer), abi::LoadHparams(hparams.typed_data()),
-                slot_a.typed_data(), slot_b.typed_data(), staged_a->typed_data(),
+                slot_a_out->typed_data(), slot_b_out->typed_data(), staged_a->typed_data(),
                 staged_b->typed_data()};
   bool ok = true;
   const char* kernel = "sparse_grad_stage";
@@ -135,7 +146,7 @@ ffi::Error SparseGradStageImpl(
     return DispatchFloat<HostBf16>(kernel, "grads", pieces[0].element_type(), [&](auto g) {
       using T = EMBARK_TYPE(t);
       using G = EMBARK_TYPE(g);
-      const T* tab = static_cast<const T*>(table.untyped_data());
+      T* tab = static_cast<T*>(table_out->untyped_data());
       const GradRows<G> grd = g_pieces.View<G>(d);
       T* val = static_cast<T*>(values->untyped_data());
       if (rows->element_type() == ffi::DataType::S64) {

@@ -7,8 +7,8 @@
 // pieces instead of walking the run. sparse_grad writes the reduced rows ([C] slots, overflow counted through
 // num_unique); sparse_grad_update applies the optimizer to the table row right away
 // (in place, outputs alias inputs), with no gradient buffer and no capacity;
-// sparse_grad_stage computes the same rows into staging buffers and leaves the table alone
-// (commit_rows.cu writes them, or not).
+// sparse_grad_stage updates the rows in place too, after saving each row's previous weights
+// and slots to staging buffers (commit_rows.cu writes them back when the step is undone).
 #include <string>
 #include <vector>
 
@@ -168,14 +168,14 @@ __global__ void SparseGradUpdateKernel(DedupView v, bool ids64, GradArgs g, T* t
   }
 }
 
-// Where sparse_grad_stage writes: the staged rows and the verdict.
+// Where sparse_grad_stage writes besides the table: the previous rows and the verdict.
 struct StageOut {
   void* rows;
   bool rows64;
-  float* a;  // staged slot rows [C, wa]
+  float* a;  // previous slot rows [C, wa]
   float* b;  // [C, wb]
   int64_t wa, wb;
-  int32_t* finite;  // set to 0 when any staged value is not finite
+  int32_t* finite;  // set to 0 when any updated value is not finite
 };
 
 __device__ __forceinline__ void StoreRow(const StageOut& o, int64_t k, int64_t row) {
@@ -190,13 +190,13 @@ __device__ __forceinline__ bool StagedFinite(__nv_bfloat16 v) {
 
 __global__ void SetFlagKernel(int32_t* flag, int32_t value) { *flag = value; }
 
-// One warp per slot k < cap: stages unique row k's updated weights and slots (the table is
-// only read); slots past the distinct rows, and rows outside the table, get row -1.
+// One warp per slot k < cap: saves unique row k's weights and slots to `old` and o.a / o.b,
+// then updates the row in place (rows are distinct: no two warps touch one row); slots past
+// the distinct rows, and rows outside the table, get row -1.
 template <typename T>
-__global__ void SparseGradStageKernel(DedupView v, bool ids64, GradArgs g, const T* table,
-                                      const float* sa, const float* sb, int64_t vocab,
-                                      Optimizer opt, const float* hp, int64_t cap, T* values,
-                                      StageOut o) {
+__global__ void SparseGradStageKernel(DedupView v, bool ids64, GradArgs g, T* table, float* sa,
+                                      float* sb, int64_t vocab, Optimizer opt, const float* hp,
+                                      int64_t cap, T* old, StageOut o) {
   const int lane = threadIdx.x & 31;
   const Hparams h = LoadHparams(hp);
   const int64_t u = *v.num_unique;
@@ -210,8 +210,13 @@ __global__ void SparseGradStageKernel(DedupView v, bool ids64, GradArgs g, const
     float step = 0.0f;
     if (opt == Optimizer::ROW_WISE_ADAGRAD) {  // needs the whole row's sum of g^2 first
       const float sq = LaneSquares(v, g, k);
-      const float a = RowWiseAccumulator(sa[row], sq, g.d);
-      if (lane == 0) o.a[k] = a;
+      const float prev = sa[row];
+      const float a = RowWiseAccumulator(prev, sq, g.d);
+      __syncwarp();  // every lane has read sa[row] before lane 0 overwrites it
+      if (lane == 0) {
+        o.a[k] = prev;
+        sa[row] = a;
+      }
       finite = isfinite(a);
       step = RowWiseStepSize(a, h);
     }
@@ -222,19 +227,22 @@ __global__ void SparseGradStageKernel(DedupView v, bool ids64, GradArgs g, const
         const int64_t j = c0 + lane + 32 * r;
         if (j >= g.d) continue;
         const int64_t e = row * g.d + j;
+        old[k * g.d + j] = table[e];
         ElemState s{DevElem<T>::Load(table, e), HasElemSlotA(opt) ? sa[e] : 0.0f,
                     HasElemSlotB(opt) ? sb[e] : 0.0f};
+        if (HasElemSlotA(opt)) o.a[k * o.wa + j] = s.a;
+        if (HasElemSlotB(opt)) o.b[k * o.wb + j] = s.b;
         s = StepElem(opt, s, acc[r], h, step);
         if (HasElemSlotA(opt)) {
-          o.a[k * o.wa + j] = s.a;
+          sa[e] = s.a;
           finite &= isfinite(s.a);
         }
         if (HasElemSlotB(opt)) {
-          o.b[k * o.wb + j] = s.b;
+          sb[e] = s.b;
           finite &= isfinite(s.b);
         }
-        StoreUpdated(values, k * g.d + j, row, j, s.w, h);
-        finite &= StagedFinite(values[k * g.d + j]);
+        StoreUpdated(table, e, row, j, s.w, h);
+        finite &= StagedFinite(table[e]);
       }
     }
     if (lane == 0) StoreRow(o, k, row);
@@ -318,11 +326,17 @@ ffi::Error SparseGradStageCudaImpl(
     ffi::Result<ffi::AnyBuffer> rows, ffi::Result<ffi::AnyBuffer> values,
     ffi::Result<ffi::Buffer<ffi::F32>> staged_a, ffi::Result<ffi::Buffer<ffi::F32>> staged_b,
     ffi::Result<ffi::Buffer<ffi::S32>> num_unique, ffi::Result<ffi::Buffer<ffi::S32>> finite,
-    ffi::Result<ffi::AnyBuffer> workspace, int64_t optimizer, int64_t per_id) {
+    ffi::Result<ffi::AnyBuffer> workspace, ffi::Result<ffi::AnyBuffer> table_out,
+    ffi::Result<ffi::Buffer<ffi::F32>> slot_a_out, ffi::Result<ffi::Buffer<ffi::F32>> slot_b_out,
+    int64_t optimizer, int64_t per_id) {
   std::vector<ffi::AnyBuffer> pieces;
-  ffi::Error err = CheckSparseGradStage(table, slot_a, slot_b, ids, seg, scale, hparams,
-                                        grad_pieces, optimizer, per_id != 0, *rows, *values,
-                                        *staged_a, *staged_b, *num_unique, *finite, &pieces);
+  ffi::Error err = CheckSparseGradStage(
+      table, slot_a, slot_b, ids, seg, scale, hparams, grad_pieces, optimizer, per_id != 0,
+      *rows, *values, *staged_a, *staged_b, *num_unique, *finite, *table_out, *slot_a_out,
+      *slot_b_out, &pieces);
+  if (err.failure()) return err;
+  err = StartFromInputs("sparse_grad_stage", stream,
+                        {Same(table_out, table), Same(slot_a_out, slot_a), Same(slot_b_out, slot_b)});
   if (err.failure()) return err;
   // One piece on the GPU: ops._ffi concatenates the pieces there (a device copy is cheap next
   // to the host's page faults that the pieces avoid).
@@ -334,7 +348,8 @@ ffi::Error SparseGradStageCudaImpl(
   const ffi::AnyBuffer& grads = pieces[0];
   const bool ids64 = ids.element_type() == ffi::DataType::S64;
   const int64_t n = static_cast<int64_t>(ids.element_count());
-  const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];
+  const TableRows block = RowsOf(table);
+  const int64_t vocab = block.vocab, d = block.d;
   DedupView v;
   err = RunDedup(stream, ids.untyped_data(), ids64, n, vocab, d, workspace->untyped_data(),
                  workspace->size_bytes(), num_unique->typed_data(), &v);
@@ -353,8 +368,8 @@ ffi::Error SparseGradStageCudaImpl(
     using T = EMBARK_TYPE(tag);
     const int64_t cap = static_cast<int64_t>(rows->element_count());  // >= min(n, vocab)
     SparseGradStageKernel<T><<<GridFor(cap, 8), 256, 0, stream>>>(
-        v, ids64, g, static_cast<const T*>(table.untyped_data()), slot_a.typed_data(),
-        slot_b.typed_data(), vocab, static_cast<Optimizer>(optimizer), hparams.typed_data(), cap,
+        v, ids64, g, static_cast<T*>(table_out->untyped_data()), slot_a_out->typed_data(),
+        slot_b_out->typed_data(), vocab, static_cast<Optimizer>(optimizer), hparams.typed_data(), cap,
         static_cast<T*>(values->untyped_data()), o);
   });
   if (err.failure()) return err;

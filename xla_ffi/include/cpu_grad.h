@@ -37,6 +37,10 @@ struct OneGrad {
   GradRows<G> View(int64_t d) const { return GradRows<G>{&base, start, 1, d}; }
 };
 
+// How many sorted ids ahead AccumulateRun prefetches an output-gradient row: the ids of a
+// run come from random samples, so each row is a cache miss unless fetched early.
+constexpr int64_t kGradAhead = 8;
+
 // out[0..d) = sum over the k-th run of sorted ids of scale[i] * grads.Row(src(i)), with
 // src(i) = i when per_id, else segment_ids[i]; sources outside [0, S) are skipped.
 // Inlined into its callers so that their per-instruction-set copies vectorise it.
@@ -47,13 +51,17 @@ inline __attribute__((always_inline)) void AccumulateRun(const SortedIds& s, con
   const int64_t num_src = grads.rows();
   for (int64_t j = 0; j < d; ++j) out[j] = 0.0f;
   const int64_t end = starts[k + 1];
+  const int64_t total = static_cast<int64_t>(s.positions.size());
   for (int64_t t = starts[k]; t < end; ++t) {
     const int64_t i = s.positions[t];
     const int64_t src = per_id ? i : LoadId(seg, i);
     if (src < 0 || src >= num_src) continue;
-    if (t + 4 < end) {
-      const int64_t nx = per_id ? s.positions[t + 4] : LoadId(seg, s.positions[t + 4]);
-      if (nx >= 0 && nx < num_src) Prefetch(grads.Row(nx));
+    if (t + kGradAhead < total) {  // the next runs' rows too: most runs are one or two ids
+      const int64_t ahead = s.positions[t + kGradAhead];
+      const int64_t nx = per_id ? ahead : LoadId(seg, ahead);
+      if (nx >= 0 && nx < num_src) {
+        PrefetchBytes(grads.Row(nx), d * static_cast<int64_t>(sizeof(G)));
+      }
     }
     const G* __restrict g = grads.Row(src);
     float* __restrict o = out;

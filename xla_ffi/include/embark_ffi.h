@@ -87,4 +87,10 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t n, int64_t min_chunk, Fn fn) {
 
 inline void Prefetch(const void* p) { __builtin_prefetch(p, 0, 1); }
 
+// Prefetches every cache line of `bytes` bytes from p.
+inline void PrefetchBytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 1);
+}
+
 }  // namespace embark

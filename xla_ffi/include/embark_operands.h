@@ -37,11 +37,13 @@
     .Ret<xla::ffi::AnyBuffer>()             /* workspace */                  \
     .Attr<int64_t>("optimizer")                                              \
     .Attr<int64_t>("per_id")
-// embark_sparse_grad_stage: table and slots, ids, segment_ids, scale, hparams, the staging
+// embark_sparse_grad_stage: table [..., R, D] and slots, ids, segment_ids, scale, hparams
+// (elements past the ABI's are never read: values the update must wait for), the staging
 // buffers (values, staged slot a, b: never read; the caller aliases them to the staged results
 // so that a step's staging memory is the last step's, not fresh pages, or passes [0] dummies),
 // then the output gradient as one or more [S_k, D] pieces, rows one after the other;
-// rows [C], values [C, D], staged slots, num_unique, finite, workspace
+// rows [C], the rows' previous values [C, D] and slots, num_unique, finite, workspace, and the
+// table and slots updated in place (aliased)
 #define EMBARK_SPARSE_GRAD_STAGE_OPERANDS                       \
     EMBARK_TABLE_AND_SLOTS_ARGS                                 \
     .Arg<xla::ffi::AnyBuffer>()             /* ids */           \
@@ -59,6 +61,7 @@
     .Ret<xla::ffi::Buffer<xla::ffi::S32>>() /* num_unique */    \
     .Ret<xla::ffi::Buffer<xla::ffi::S32>>() /* finite */        \
     .Ret<xla::ffi::AnyBuffer>()             /* workspace */     \
+    EMBARK_TABLE_AND_SLOTS_RETS                                 \
     .Attr<int64_t>("optimizer")                                 \
     .Attr<int64_t>("per_id")
 // embark_commit_rows: rows [C], values [C, D], staged slots, commit [1 + k]; table and slots updated
@@ -303,6 +306,34 @@ inline void CheckGradPieces(Check& c, const ffi::RemainingArgs& args, int64_t d,
   }
 }
 
+// The rows of a table [..., D] of any rank >= 2 (its rows are all leading dimensions) and
+// their width D.
+struct TableRows {
+  int64_t vocab, d;
+};
+inline TableRows RowsOf(const ffi::AnyBuffer& table) {
+  const auto dims = table.dimensions();
+  const int64_t d = dims[dims.size() - 1];
+  return {d ? static_cast<int64_t>(table.element_count()) / d : 0, d};
+}
+
+// A table block [..., R, D] of any rank >= 2 (a shard_map block [1, R, D] is updated where
+// it is: a reshape would make XLA copy the aliased buffer), a float dtype, an ABI optimizer
+// id, and slots large enough for its rows.
+inline TableRows CheckTableBlock(Check& c, const ffi::AnyBuffer& table, const F32Buffer& slot_a,
+                                 const F32Buffer& slot_b, int64_t optimizer) {
+  c.FloatType("table", table.element_type())
+      .Attr("optimizer", optimizer, abi::kOptimizerNames, abi::kNumOptimizers);
+  if (!c.failed() && table.dimensions().size() < 2) c.Rank("table", table, 2, "[..., R, D]");
+  if (c.failed()) return {0, 0};
+  const TableRows t = RowsOf(table);
+  const std::string why = std::string(abi::kOptimizerNames[optimizer]) + " on " +
+                          std::to_string(t.vocab) + " rows of width " + std::to_string(t.d);
+  c.MinCount("slot_a", slot_a, abi::SlotElements(optimizer, 0, t.vocab, t.d), why)
+      .MinCount("slot_b", slot_b, abi::SlotElements(optimizer, 1, t.vocab, t.d), why);
+  return t;
+}
+
 // embark_sparse_grad_stage: the optimizer operands (the table is only read), the gradient
 // operands (the gradient in pieces, decoded into `pieces`), the staged rows (C >= min(N, V)
 // slots: at most that many distinct rows of the table can be touched) and num_unique [],
@@ -315,32 +346,26 @@ inline ffi::Error CheckSparseGradStage(const ffi::AnyBuffer& table, const F32Buf
                                        const ffi::AnyBuffer& rows, const ffi::AnyBuffer& values,
                                        const F32Buffer& staged_a, const F32Buffer& staged_b,
                                        const S32Buffer& num_unique, const S32Buffer& finite,
+                                       const ffi::AnyBuffer& table_out,
+                                       const F32Buffer& slot_a_out, const F32Buffer& slot_b_out,
                                        std::vector<ffi::AnyBuffer>* pieces) {
   Check c("sparse_grad_stage");
-  CheckOptimizerOperands(c, table, slot_a, slot_b, hparams, optimizer);
-  c.Count("num_unique", num_unique, 1, "a scalar").Count("finite", finite, 1, "a scalar");
+  const TableRows t = CheckTableBlock(c, table, slot_a, slot_b, optimizer);
+  c.MinCount("hparams", hparams, abi::kNumHparams, "one per ABI hyper-parameter")
+      .Count("num_unique", num_unique, 1, "a scalar")
+      .Count("finite", finite, 1, "a scalar");
   if (c.failed()) return c.error();
-  const int64_t d = table.dimensions()[1];
+  CheckOptimizerOutputs(c, table, slot_a, slot_b, table_out, slot_a_out, slot_b_out);
+  const int64_t d = t.d;
   CheckGradPieces(c, grads, d, pieces);
   if (c.failed()) return c.error();
   CheckIdOperands(c, ids, seg, scale, per_id);
   const int64_t n = static_cast<int64_t>(ids.element_count());
-  const int64_t vocab = table.dimensions()[0];
+  const int64_t vocab = t.vocab;
   c.MinCount("rows", rows, n < vocab ? n : vocab, "[C], C >= min(N, V): a slot per distinct row")
       .Type("rows", rows.element_type(), ids.element_type(), "the dtype of ids");
   CheckStagedRows(c, table, rows, values, staged_a, staged_b, optimizer, d);
   return c.failed() ? c.error() : ffi::Error::Success();
-}
-
-// The rows of a table [..., D] of any rank >= 2 (its rows are all leading dimensions) and
-// their width D.
-struct TableRows {
-  int64_t vocab, d;
-};
-inline TableRows RowsOf(const ffi::AnyBuffer& table) {
-  const auto dims = table.dimensions();
-  const int64_t d = dims[dims.size() - 1];
-  return {d ? static_cast<int64_t>(table.element_count()) / d : 0, d};
 }
 
 // embark_commit_rows' operands, in EMBARK_COMMIT_ROWS_OPERANDS' order (CheckedHandler).
@@ -365,18 +390,9 @@ struct CommitRowsOperands {
 inline ffi::Error CheckCommitRows(const CommitRowsOperands& o) {
   const int64_t optimizer = o.optimizer;
   Check c("commit_rows");
-  c.FloatType("table", o.table.element_type())
-      .Attr("optimizer", optimizer, abi::kOptimizerNames, abi::kNumOptimizers)
-      .MinCount("commit", o.commit, 1, "the verdict, then any ordering operands");
-  if (!c.failed() && o.table.dimensions().size() < 2) {
-    c.Rank("table", o.table, 2, "[..., R, D]");
-  }
+  c.MinCount("commit", o.commit, 1, "the verdict, then any ordering operands");
+  const TableRows t = CheckTableBlock(c, o.table, o.slot_a, o.slot_b, optimizer);
   if (c.failed()) return c.error();
-  const TableRows t = RowsOf(o.table);
-  const std::string why = std::string(abi::kOptimizerNames[optimizer]) + " on " +
-                          std::to_string(t.vocab) + " rows of width " + std::to_string(t.d);
-  c.MinCount("slot_a", o.slot_a, abi::SlotElements(optimizer, 0, t.vocab, t.d), why)
-      .MinCount("slot_b", o.slot_b, abi::SlotElements(optimizer, 1, t.vocab, t.d), why);
   CheckOptimizerOutputs(c, o.table, o.slot_a, o.slot_b, o.table_out, o.slot_a_out,
                         o.slot_b_out);
   CheckStagedRows(c, o.table, o.rows, o.values, o.staged_a, o.staged_b, optimizer, t.d);

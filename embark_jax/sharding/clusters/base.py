@@ -7,14 +7,15 @@ A cluster runs per device inside `shard_map` over all mesh axes:
                                   arrays, a pytree), overflow per table
   owner(buffer, residuals)     -> what this device computes from its shards (differentiable)
   combine(owner_out, res)      -> per-feature outputs; includes the collectives; linear
-  stage(buffer, state, res, g_owner, optimizer, step, seed) -> the owner's fused sparse
-                               update, staged (`ops.StagedUpdate`; seed: stochastic rounding
+  stage(block, state, res, g_owner, optimizer, step, seed, staging, after) -> the owner's
+                               fused sparse update of its block [1, rows, width], in place
+                               and undoable (`ops.StagedUpdate`; seed: stochastic rounding
                                of a bfloat16 group, or None)
 
 The forward is `combine(owner(buffer))`; `jax.grad` flows through it. The two-phase
 backward maps output gradients to `g_owner` with the VJP of the linear `combine` and hands
-them to `stage`, so no dense `[V, d]` gradient is ever built for sharded tables; the staged
-rows are written by `ops.commit_update` once the step has decided to commit.
+them to `stage`, so no dense `[V, d]` gradient is ever built for sharded tables; once the
+step has decided, `ops.commit_update` keeps the update or writes the saved rows back.
 """
 
 from __future__ import annotations
@@ -188,7 +189,16 @@ class ClusterBase:
         raise NotImplementedError
 
     def stage(
-        self, buffer, state, res, g_owner, optimizer: SparseOptimizer, step, seed=None, staging=None
+        self,
+        block,
+        state,
+        res,
+        g_owner,
+        optimizer: SparseOptimizer,
+        step,
+        seed=None,
+        staging=None,
+        after=None,
     ):
         raise NotImplementedError
 
@@ -203,8 +213,9 @@ class ClusterBase:
         return {f.name: output_grads[f.name] for f in self.features}
 
     def owner_out_zeros(self, buffer: jax.Array, res: Any) -> Any:
-        """Zeros shaped like `owner(buffer, res)`, varying over the mesh like it."""
-        shape = jax.eval_shape(self.owner, buffer, res)
+        """Zeros shaped like `owner(buffer, res)` (`buffer` `[..., rows, width]`: any leading
+        axes are dropped), varying over the mesh like it."""
+        shape = jax.eval_shape(lambda b, r: self.owner(b.reshape(b.shape[-2:]), r), buffer, res)
         return jax.tree.map(
             lambda s: jax.lax.pcast(
                 jnp.zeros(s.shape, s.dtype), tuple(self.axis_names), to="varying"
@@ -228,7 +239,7 @@ class ClusterBase:
 
     def backward_stage(
         self,
-        buffer,
+        block,
         state,
         res,
         output_grads,
@@ -236,28 +247,43 @@ class ClusterBase:
         step,
         seed=None,
         staging: ops.Staging | None = None,
+        after=None,
     ) -> ops.StagedUpdate:
         """Routes output gradients to the owners (VJP of the linear combine, evaluated at
-        zeros: no forward recomputation is needed) and stages the fused sparse update of the
-        rows they touch (`buffer` `[rows, width]` and `state` are only read). `step`: the
-        optimizer's step counter (learning-rate schedules); `seed` (uint32, the same on every
-        device): stochastic rounding of the group's bfloat16 tables when the group asks for
-        it (`Group.stochastic_rounding`); `staging`: the memory to stage into
-        (`ops.stage_backward_update`), or None for fresh."""
-        zeros = self.owner_out_zeros(buffer, res)
+        zeros: no forward recomputation is needed) and applies the fused sparse update of the
+        rows they touch, undoably (`ops.stage_backward_update`). `block` `[1, rows, width]`
+        is this device's block of the group's buffer and `state` its optimizer state, with
+        the same leading axis: updated where they are (donate them). `step`: the optimizer's
+        step counter (learning-rate schedules); `seed` (uint32, the same on every device):
+        stochastic rounding of the group's bfloat16 tables when the group asks for it
+        (`Group.stochastic_rounding`); `staging`: the memory to save the previous rows into,
+        or None for fresh; `after`: what the update waits for (`ops.read_marker` of the
+        forward's lookups of the block)."""
+        zeros = self.owner_out_zeros(block, res)
         _, vjp = jax.vjp(lambda o: self.combine_group(o, res), zeros)
         (g_owner,) = vjp(self.join(output_grads))
         seed = seed if self.group.stochastic_rounding else None
-        return self.stage(buffer, state, res, g_owner, optimizer, step, seed, staging)
+        return self.stage(block, state, res, g_owner, optimizer, step, seed, staging, after)
 
     @staticmethod
     def owner_stage(
-        buffer, state, rows, seg, weights, g, optimizer, combiner, step, seed=None, staging=None
+        block,
+        state,
+        rows,
+        seg,
+        weights,
+        g,
+        optimizer,
+        combiner,
+        step,
+        seed=None,
+        staging=None,
+        after=None,
     ) -> ops.StagedUpdate:
         """The owner side: one fused backward + optimizer call over every request this
-        device received (duplicates across sources are merged), staged."""
+        device received (duplicates across sources are merged), undoable."""
         return ops.stage_backward_update(
-            buffer,
+            block,
             state,
             g,
             rows,
@@ -268,4 +294,5 @@ class ClusterBase:
             step=step,
             seed=seed,
             staging=staging,
+            after=after,
         )

@@ -116,17 +116,19 @@ class DPCluster(ClusterBase):
         """One output when one lookup made them all (every output is a slice of it)."""
         return [next(iter(outputs.values()))] if len(self.kinds) == 1 else list(outputs.values())
 
-    def stage(self, buffer, state, res, g_owner, optimizer, step, seed=None, staging=None):
+    def stage(
+        self, block, state, res, g_owner, optimizer, step, seed=None, staging=None, after=None
+    ):
         rows, scale = self._slots(res)
         grads = [g_owner[f.name].astype(jnp.float32).reshape(-1, self.width) for f in self.features]
-        vocab, width = buffer.shape
+        vocab, width = block.shape[-2:]
         mode = self.options.dp_gradients
         dense = dp_exchange.dense_wins(
             vocab, width, rows.shape[0], sum(self.out_rows), self.num_devices
         )
         if mode is DPGradients.DENSE or (mode is DPGradients.AUTO and dense):
             return self._stage_dense(
-                buffer, state, rows, res.bag, scale, grads, optimizer, step, seed, staging
+                block, state, rows, res.bag, scale, grads, optimizer, step, seed, (staging, after)
             )
         seg = res.bag
         if self.num_devices > 1:  # every replica applies every device's gradients
@@ -137,20 +139,31 @@ class DPCluster(ClusterBase):
                 for x in (rows, seg, scale, grads)
             )
         return self.owner_stage(
-            buffer, state, rows, seg, scale, grads, optimizer, Combiner.SUM, step, seed, staging
+            block,
+            state,
+            rows,
+            seg,
+            scale,
+            grads,
+            optimizer,
+            Combiner.SUM,
+            step,
+            seed,
+            staging,
+            after,
         )
 
-    def _stage_dense(self, buffer, state, rows, bag, scale, grads, optimizer, step, seed, staging):
+    def _stage_dense(self, block, state, rows, bag, scale, grads, optimizer, step, seed, mem):
         """Dense all-reduce, then the sparse update of the rows any replica touched
         (untouched rows stay untouched: lazy optimizers stay lazy)."""
-        vocab = buffer.shape[0]
+        vocab = block.shape[-2]
         per_id = jnp.take(jnp.concatenate(grads), bag, axis=0) * scale[:, None]
         g = jax.lax.psum(ops.segment_sum(per_id, rows, vocab), self.axis_names)
         ones = jnp.ones(rows.shape, jnp.float32)
         touched = jax.lax.psum(ops.segment_sum(ones, rows, vocab), self.axis_names)
         rows_all = jnp.where(touched > 0, jnp.arange(vocab, dtype=jnp.int32), -1)
         return self.owner_stage(
-            buffer, state, rows_all, None, None, g, optimizer, Combiner.NONE, step, seed, staging
+            block, state, rows_all, None, None, g, optimizer, Combiner.NONE, step, seed, *mem
         )
 
     def _slots(self, res):

@@ -266,10 +266,23 @@ class RBCluster(ClusterBase):
 
     # --- owner update ------------------------------------------------------------------
 
-    def stage(self, buffer, state, res, g_owner, optimizer, step, seed=None, staging=None):
+    def stage(
+        self, block, state, res, g_owner, optimizer, step, seed=None, staging=None, after=None
+    ):
         g = g_owner.reshape(-1, self.width)
         return self.owner_stage(
-            buffer, state, res.rows, res.seg, res.w, g, optimizer, Combiner.SUM, step, seed, staging
+            block,
+            state,
+            res.rows,
+            res.seg,
+            res.w,
+            g,
+            optimizer,
+            Combiner.SUM,
+            step,
+            seed,
+            staging,
+            after,
         )
 
 

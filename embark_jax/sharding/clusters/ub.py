@@ -136,8 +136,21 @@ class UBCluster(ClusterBase):
             )
         return y
 
-    def stage(self, buffer, state, res, g_owner, optimizer, step, seed=None, staging=None):
+    def stage(
+        self, block, state, res, g_owner, optimizer, step, seed=None, staging=None, after=None
+    ):
         g = g_owner.reshape(-1, self.width)
         return self.owner_stage(
-            buffer, state, res.rows, None, None, g, optimizer, Combiner.NONE, step, seed, staging
+            block,
+            state,
+            res.rows,
+            None,
+            None,
+            g,
+            optimizer,
+            Combiner.NONE,
+            step,
+            seed,
+            staging,
+            after,
         )
