@@ -106,8 +106,19 @@ def segment_sum(values: jax.Array, segment_ids: jax.Array, num_segments: int) ->
 
 
 def lookup_pool(
-    table, ids, segment_ids, weights, num_out: int, combiner: str, out_dtype, sorted_segments: bool
+    table,
+    ids,
+    segment_ids,
+    weights,
+    num_out: int,
+    combiner: str,
+    out_dtype,
+    sorted_segments: bool,
+    split: tuple[int, ...] | None = None,
 ):
+    """`[num_out, D]`, or with `split` (row counts summing to `num_out`) a tuple of
+    `[split[k], D]` pieces, rows one after the other: the CPU kernel writes each piece where it
+    is (no sliced copy of one output); on a GPU the one output is sliced."""
     d = table.shape[1]
     combiner_id = abi.CombinerId[combiner.upper()]
     ws = 1
@@ -115,9 +126,10 @@ def lookup_pool(
         from embark_jax import _ffi_cuda
 
         ws = _ffi_cuda.lookup_pool_workspace_bytes(num_out, d, int(combiner_id))
-    out, _ = _call(
+    sizes = (num_out,) if split is None or on_gpu() else tuple(split)
+    _, *pieces = _call(
         abi.Target.LOOKUP_POOL,
-        (result_type(ids, (num_out, d), out_dtype), _workspace(ids, ws)),
+        (_workspace(ids, ws), *(result_type(ids, (k, d), out_dtype) for k in sizes)),
     )(
         table,
         ids,
@@ -126,7 +138,11 @@ def lookup_pool(
         combiner=np.int64(combiner_id),
         indices_are_sorted=np.int64(sorted_segments),
     )
-    return out
+    if split is None:
+        return pieces[0]
+    if len(pieces) == 1 and len(split) > 1:
+        return tuple(jnp.split(pieces[0], np.cumsum(split)[:-1].tolist()))
+    return tuple(pieces)
 
 
 def unique(ids, capacity: int):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from embark_jax.core.specs import Combiner
 from embark_jax.ops import _ffi, reference
@@ -39,8 +41,9 @@ def lookup_pool(
     *,
     out_dtype=None,
     indices_are_sorted: bool = False,
+    split: Sequence[int] | None = None,
     backend: Backend | str | None = None,
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, ...]:
     """Fused gather + weighted pooling; see `reference.lookup_pool` for the semantics.
 
     Arguments:
@@ -60,6 +63,9 @@ def lookup_pool(
         `SparseFeatures.flat`): the CUDA kernel then builds bag offsets and pools a bag per
         warp without atomics. Both backends check the order themselves (O(N)), so unsorted
         ids with the hint set still give the right result, on the slower path.
+      split: row counts that sum to the output's rows: the output as a tuple of consecutive
+        `[split[k], D]` pieces (e.g. one per feature of a stacked group). The CPU kernel
+        writes each piece where it is, with no sliced copy of one output.
 
     Differentiable wrt `table` (a dense gradient: for small tables and tests; training uses
     `lookup_pool_backward`) and `weights`.
@@ -71,6 +77,7 @@ def lookup_pool(
         raise ValueError(f"lookup_pool: table must be [V, D], got shape {table.shape}")
     ids, segment_ids = pooling_inputs("lookup_pool", ids, segment_ids, weights, combiner)
     out_dtype = jnp.dtype(out_dtype or table.dtype)
+    split = _check_split(split, ids.shape[0] if combiner is Combiner.NONE else num_segments)
     for what, dt in (("table", table.dtype), ("out_dtype", out_dtype)):
         if not jnp.issubdtype(dt, jnp.floating):
             raise ValueError(f"lookup_pool: {what} must be a float type, got {dt}")
@@ -80,30 +87,60 @@ def lookup_pool(
         and out_dtype in _FLOAT_DTYPES
     )
     if not use_ffi:
-        return reference.lookup_pool(
-            table, ids, segment_ids, num_segments, weights, combiner
-        ).astype(out_dtype)
+        out = reference.lookup_pool(table, ids, segment_ids, num_segments, weights, combiner)
+        out = out.astype(out_dtype)
+        return out if split is None else tuple(jnp.split(out, np.cumsum(split)[:-1].tolist()))
     if weights is None:  # [0]: the kernels take every weight as 1 (nothing to fill or read)
         w = jnp.zeros((0,), jnp.float32)
     else:
         w = jnp.asarray(weights, jnp.float32)
     return _lookup_pool_ffi(
-        table, ids, segment_ids, w, num_segments, combiner.value, out_dtype, indices_are_sorted
+        table,
+        ids,
+        segment_ids,
+        w,
+        num_segments,
+        combiner.value,
+        out_dtype,
+        indices_are_sorted,
+        split,
     )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _lookup_pool_ffi(table, ids, segment_ids, weights, num_segments, combiner, out_dtype, srt):
+def _check_split(split, rows: int) -> tuple[int, ...] | None:
+    """`split` as a tuple of ints >= 0 summing to `rows`; a one-line error otherwise."""
+    if split is None:
+        return None
+    try:
+        out = tuple(operator.index(k) for k in split)
+    except TypeError:
+        out = None
+    if out is None or not out or min(out) < 0 or sum(out) != rows:
+        raise ValueError(
+            f"lookup_pool: split must be row counts >= 0 summing to the output's {rows} rows, "
+            f"got {split!r}"
+        )
+    return out
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _lookup_pool_ffi(
+    table, ids, segment_ids, weights, num_segments, combiner, out_dtype, srt, split
+):
     num_out = ids.shape[0] if combiner == "none" else num_segments
-    return _ffi.lookup_pool(table, ids, segment_ids, weights, num_out, combiner, out_dtype, srt)
+    return _ffi.lookup_pool(
+        table, ids, segment_ids, weights, num_out, combiner, out_dtype, srt, split
+    )
 
 
-def _lp_fwd(table, ids, segment_ids, weights, num_segments, combiner, out_dtype, srt):
-    out = _lookup_pool_ffi(table, ids, segment_ids, weights, num_segments, combiner, out_dtype, srt)
+def _lp_fwd(table, ids, segment_ids, weights, num_segments, combiner, out_dtype, srt, split):
+    out = _lookup_pool_ffi(
+        table, ids, segment_ids, weights, num_segments, combiner, out_dtype, srt, split
+    )
     return out, (table, ids, segment_ids, weights)
 
 
-def _lp_bwd(num_segments, combiner, out_dtype, srt, res, g):
+def _lp_bwd(num_segments, combiner, out_dtype, srt, split, res, g):
     # The dense-gradient path (jax.grad, small tables): the reference's VJP is the ground
     # truth. Training never comes here; it uses lookup_pool_backward + sparse_update.
     table, ids, segment_ids, weights = res
@@ -115,6 +152,8 @@ def _lp_bwd(num_segments, combiner, out_dtype, srt, res, g):
         table,
         weights,
     )
+    if split is not None:
+        g = jnp.concatenate(g)
     gt, gw = vjp(g.astype(table.dtype))
     return gt, None, None, gw
 

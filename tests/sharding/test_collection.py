@@ -375,6 +375,63 @@ def test_a_dense_optimizer_over_params_never_touches_the_tables():
 
 
 @pytest.mark.parametrize("cluster", ["dp", "rb", "ub"])
+def test_a_stacked_group_makes_one_kernel_call_per_phase(cluster):
+    """Three tables of one width (one stacked group), four features (two share a table):
+    the compiled lookup + update makes one lookup-and-pool call (UB: one gather on the owner,
+    one pooling of the received vectors), one staged update and one commit, whatever the
+    number of features."""
+    from embark_jax.sharding.collection import apply_gradients_fn
+    from embark_jax.training import state as train_state
+    from embark_jax.training.models import DenseConfig
+
+    dim, batch = 8, 16
+    config = EmbeddingConfig.create(
+        [TableConfig(name=f"t{i}", vocab_size=100 * (i + 1), dim=dim) for i in range(3)],
+        [
+            FeatureConfig(name="a", table="t0", max_hotness=2),
+            FeatureConfig(name="b", table="t1", max_hotness=3),
+            FeatureConfig(name="c", table="t2", max_hotness=1),
+            FeatureConfig(name="d", table="t2", max_hotness=2),
+        ],
+    )
+    plan = Plan(
+        topology=Topology(num_nodes=1, devices_per_node=1),
+        batch_size=batch,
+        tables=tuple(
+            TablePlan(name=f"t{i}", cluster=cluster, row_shards=1, column_shards=1, devices=((0,),))
+            for i in range(3)
+        ),
+    )
+    setup, state = train_state.create(
+        config, plan, dense=DenseConfig.mini(), sparse_optimizer=O.RowWiseAdagrad(learning_rate=0.1)
+    )
+    assert len(setup.lowered.groups) == 1
+    rng = np.random.default_rng(0)
+    dense = {f.name: rng.integers(0, 100, (batch, f.max_hotness)) for f in config.features}
+    sparse = jax.device_put(SparseFeatures.from_dense(dense, config=config), setup.table_sharding)
+    grads = {f.name: jnp.ones((batch, dim), jnp.float32) for f in config.features}
+    args = (setup.lowered, setup.mesh, setup.options)
+
+    def step(tables, slots, sparse, grads):
+        outputs, residuals, _ = lookup_fn(*args, tables, sparse)
+        new = apply_gradients_fn(*args, tables, slots, residuals, grads, setup.optimizers, sparse)
+        return outputs, new
+
+    lowered = jax.jit(step).lower(dict(state.tables), dict(state.slots), sparse, grads)
+    text = lowered.compile().as_text()
+    calls = {
+        target: text.count(f'custom_call_target="{target}"')
+        for target in ("embark_lookup_pool", "embark_sparse_grad_stage", "embark_commit_rows")
+    }
+    lookups = 2 if cluster == "ub" else 1
+    assert calls == {
+        "embark_lookup_pool": lookups,
+        "embark_sparse_grad_stage": 1,
+        "embark_commit_rows": 1,
+    }
+
+
+@pytest.mark.parametrize("cluster", ["dp", "rb", "ub"])
 def test_lookup_and_update_in_one_jit_with_given_gradients_copy_no_table(cluster):
     """`lookup_fn` + `apply_gradients_fn` in one donated jit, the output gradients an input
     (so the update does not depend on the lookup's outputs): the update is still ordered

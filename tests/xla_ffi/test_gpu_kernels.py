@@ -166,9 +166,9 @@ def test_sorted_pooling_large_batch(dim):
 
 def test_cuda_workspaces_are_checked():
     ids = jnp.array([0, 1], jnp.int32)
-    call = _ffi._call(
+    call = _ffi._call(  # the workspace, then the output
         abi.Target.LOOKUP_POOL,
-        (_ffi.result_type(ids, (2, 4), jnp.float32), _ffi.result_type(ids, (1,), jnp.uint8)),
+        (_ffi.result_type(ids, (1,), jnp.uint8), _ffi.result_type(ids, (2, 4), jnp.float32)),
     )
     with pytest.raises(Exception, match=r"lookup_pool: workspace must have at least \d+ bytes"):
         jax.block_until_ready(

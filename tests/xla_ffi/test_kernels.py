@@ -72,6 +72,40 @@ def test_lookup_pool_matches_reference(rng, combiner, weighted, sorted_segments,
         assert "embark_lookup_pool" in fn.lower(*args).as_text()
 
 
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("sorted_segments", [True, False])
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
+def test_lookup_pool_split_outputs_are_the_whole_output_in_pieces(
+    rng, combiner, sorted_segments, out_dtype
+):
+    """`split`: the kernel writes consecutive pieces (an empty one among them), each where it
+    is; together they are the one-output call's rows bit for bit, on both backends, and the
+    dense gradient flows through the pieces."""
+    table = jnp.asarray(rng.normal(size=(40, 16)), jnp.float32)
+    ids, seg = bags(rng, sorted_segments=sorted_segments)
+    rows = ids.shape[0] if combiner == "none" else 12
+    split = (5, 0, rows - 8, 3)
+    kw = dict(combiner=combiner, out_dtype=out_dtype)
+    for backend in ("ffi", "reference"):
+        whole = ops.lookup_pool(table, ids, seg, 12, backend=backend, **kw)
+        parts = ops.lookup_pool(table, ids, seg, 12, split=split, backend=backend, **kw)
+        assert [p.shape[0] for p in parts] == list(split)
+        np.testing.assert_array_equal(np.asarray(jnp.concatenate(parts)), np.asarray(whole))
+    cot = [jnp.asarray(rng.normal(size=(k, 16)), jnp.float32) for k in split]
+
+    def loss(t, **extra):
+        out = ops.lookup_pool(t, ids, seg, 12, combiner=combiner, **extra)
+        out = jnp.concatenate(out) if isinstance(out, tuple) else out
+        return jnp.sum(out * jnp.concatenate(cot))
+
+    np.testing.assert_allclose(
+        jax.grad(lambda t: loss(t, split=split))(table), jax.grad(loss)(table), rtol=1e-6
+    )
+    with pytest.raises(ValueError, match=r"lookup_pool: split must be row counts") as err:
+        ops.lookup_pool(table, ids, seg, 12, combiner=combiner, split=(1, rows))
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 @pytest.mark.parametrize("sorted_segments", [True, False])
 def test_lookup_pool_non_finite_and_non_positive_weights(rng, combiner, sorted_segments):

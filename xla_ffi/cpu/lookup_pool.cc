@@ -39,6 +39,24 @@ struct Src {
   float Weight(int64_t i) const { return w != nullptr ? w[i] : 1.0f; }
 };
 
+// The output rows of one call: one or more pieces [S_k, D], rows one after the other (each
+// feature of a DP group gets its own output, written where it is: no split copy). Passed by
+// value, a copy per worker: Row keeps a cursor, so ascending rows find their piece in O(1).
+template <typename O>
+struct OutRows {
+  O* const* base;
+  const int64_t* start;  // [pieces + 1]: piece k holds rows [start[k], start[k + 1])
+  int64_t pieces, d;
+  int64_t k = 0;
+
+  O* Row(int64_t r) {
+    if (pieces == 1) return base[0] + r * d;
+    while (r >= start[k + 1]) ++k;
+    while (r < start[k]) --k;
+    return base[k] + (r - start[k]) * d;
+  }
+};
+
 namespace pool_scalar {
 using Vec = ScalarVec;
 #include "pool_body.inc"
@@ -75,9 +93,9 @@ namespace {
 using abi::Combiner;
 template <typename T, typename Id, typename S, typename O>
 struct PoolFns {
-  void (*sorted)(const Src<T, Id>&, const S*, Combiner, O*, int64_t, int64_t,
+  void (*sorted)(const Src<T, Id>&, const S*, Combiner, OutRows<O>, int64_t, int64_t,
                  int64_t, int64_t);
-  void (*rows)(const Src<T, Id>&, O*, int64_t, int64_t);
+  void (*rows)(const Src<T, Id>&, OutRows<O>, int64_t, int64_t);
 };
 
 template <typename T, typename Id, typename S, typename O>
@@ -101,8 +119,8 @@ PoolFns<T, Id, S, O> SelectPool(CpuIsa isa) {
 
 // Unsorted segment ids: each worker owns bags [s0, s1) and scans every id.
 template <typename T, typename Id, typename S, typename O>
-void PoolUnsorted(const Src<T, Id>& s, const S* seg, Combiner combiner, O* out, int64_t s0,
-                  int64_t s1, int64_t n) {
+void PoolUnsorted(const Src<T, Id>& s, const S* seg, Combiner combiner, OutRows<O> out,
+                  int64_t s0, int64_t s1, int64_t n) {
   const int64_t d = s.d;
   std::vector<float> acc((s1 - s0) * d, 0.0f), denom(s1 - s0, 0.0f);
   for (int64_t i = 0; i < n; ++i) {
@@ -118,7 +136,8 @@ void PoolUnsorted(const Src<T, Id>& s, const S* seg, Combiner combiner, O* out, 
     float scale = 1.0f, dn = denom[b - s0];
     if (combiner == Combiner::MEAN) scale = dn > 0 ? 1.0f / dn : 0.0f;
     if (combiner == Combiner::SQRTN) scale = dn > 0 ? 1.0f / std::sqrt(dn) : 0.0f;
-    for (int64_t j = 0; j < d; ++j) Elem<O>::Store(out + b * d, j, acc[(b - s0) * d + j] * scale);
+    O* row = out.Row(b);
+    for (int64_t j = 0; j < d; ++j) Elem<O>::Store(row, j, acc[(b - s0) * d + j] * scale);
   }
 }
 
@@ -129,7 +148,7 @@ void PoolUnsorted(const Src<T, Id>& s, const S* seg, Combiner combiner, O* out, 
 // Without the hint, the check runs first, serially, so unsorted ids are pooled once.
 template <typename T, typename Id, typename S, typename O>
 void RunPooled(ffi::ThreadPool& pool, const PoolFns<T, Id, S, O>& fns, const Src<T, Id>& s,
-               const S* seg, Combiner combiner, O* out, int64_t n, int64_t num_out,
+               const S* seg, Combiner combiner, OutRows<O> out, int64_t n, int64_t num_out,
                bool sorted_hint) {
   bool sorted = sorted_hint || AscendingRange(seg, 0, n);
   if (sorted) {
@@ -150,8 +169,8 @@ void RunPooled(ffi::ThreadPool& pool, const PoolFns<T, Id, S, O>& fns, const Src
 }
 
 template <typename T, typename Id, typename S, typename O>
-void Run(ffi::ThreadPool& pool, const Src<T, Id>& s, const S* seg, Combiner combiner, O* out,
-         int64_t n, int64_t num_out, bool sorted_hint) {
+void Run(ffi::ThreadPool& pool, const Src<T, Id>& s, const S* seg, Combiner combiner,
+         OutRows<O> out, int64_t n, int64_t num_out, bool sorted_hint) {
   const PoolFns<T, Id, S, O> fns = SelectPool<T, Id, S, O>(ActiveCpuIsa());
   if (combiner == Combiner::NONE) {
     ParallelFor(pool, n, 256, [&](int64_t a, int64_t b) { fns.rows(s, out, a, b); });
@@ -162,23 +181,31 @@ void Run(ffi::ThreadPool& pool, const Src<T, Id>& s, const S* seg, Combiner comb
 
 ffi::Error LookupPoolImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBuffer ids,
                           ffi::AnyBuffer seg, ffi::AnyBuffer weights,
-                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
+                          ffi::Result<ffi::AnyBuffer> workspace, ffi::RemainingRets outs,
                           int64_t combiner, int64_t indices_are_sorted) {
   // The workspace is the CUDA kernel's (same target signature); the CPU needs none.
   // indices_are_sorted is a hint: the order is checked either way (RunPooled).
   (void)workspace;
   const int64_t n = static_cast<int64_t>(ids.element_count());
-  ffi::Error err = CheckLookupPool(table, ids, seg, weights, *out, combiner);
+  std::vector<ffi::AnyBuffer> pieces;
+  ffi::Error err = CheckLookupPool(table, ids, seg, weights, outs, combiner, &pieces);
   if (err.failure()) return err;
   NoteRandomAccess(table.untyped_data(), static_cast<int64_t>(table.size_bytes()));
-  NoteFreshOutput(out->untyped_data(), static_cast<int64_t>(out->size_bytes()));
+  std::vector<void*> base;
+  std::vector<int64_t> start{0};
+  for (ffi::AnyBuffer& piece : pieces) {
+    NoteFreshOutput(piece.untyped_data(), static_cast<int64_t>(piece.size_bytes()));
+    base.push_back(piece.untyped_data());
+    start.push_back(start.back() + piece.dimensions()[0]);
+  }
   const int64_t vocab = table.dimensions()[0], d = table.dimensions()[1];
-  const int64_t num_out = out->dimensions()[0];
+  const int64_t num_out = start.back();
   const float* w =  // [0]: unweighted (CheckLookupPool)
       weights.element_count() == 0 ? nullptr : static_cast<const float*>(weights.untyped_data());
   const auto c = static_cast<Combiner>(combiner);
+  const ffi::DataType out_type = pieces[0].element_type();
   return DispatchFloat<HostBf16>("lookup_pool", "table", table.element_type(), [&](auto t) {
-    return DispatchFloat<HostBf16>("lookup_pool", "output", out->element_type(), [&](auto o) {
+    return DispatchFloat<HostBf16>("lookup_pool", "output", out_type, [&](auto o) {
       return DispatchId("lookup_pool", "ids", ids.element_type(), [&](auto i) {
         return DispatchId("lookup_pool", "segment_ids", seg.element_type(), [&](auto sg) {
           using T = EMBARK_TYPE(t);
@@ -187,8 +214,10 @@ ffi::Error LookupPoolImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::AnyBu
           using S = EMBARK_TYPE(sg);
           const Src<T, Id> src{static_cast<const T*>(table.untyped_data()), vocab, d,
                                static_cast<const Id*>(ids.untyped_data()), w};
-          Run(pool, src, static_cast<const S*>(seg.untyped_data()), c,
-              static_cast<O*>(out->untyped_data()), n, num_out, indices_are_sorted != 0);
+          const OutRows<O> out{reinterpret_cast<O* const*>(base.data()), start.data(),
+                               static_cast<int64_t>(base.size()), d};
+          Run(pool, src, static_cast<const S*>(seg.untyped_data()), c, out, n, num_out,
+              indices_are_sorted != 0);
         });
       });
     });
@@ -205,7 +234,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkLookupPoolCpu, embark::LookupPoolImpl,
                                   .Arg<xla::ffi::AnyBuffer>()  // ids [N]
                                   .Arg<xla::ffi::AnyBuffer>()  // segment_ids [N]
                                   .Arg<xla::ffi::AnyBuffer>()  // weights [N] f32
-                                  .Ret<xla::ffi::AnyBuffer>()  // [S, D] or [N, D]
                                   .Ret<xla::ffi::AnyBuffer>()  // workspace (CUDA only)
+                                  .RemainingRets()  // [S, D] or [N, D], in pieces
                                   .Attr<int64_t>("combiner")
                                   .Attr<int64_t>("indices_are_sorted"));

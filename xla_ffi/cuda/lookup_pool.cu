@@ -18,6 +18,9 @@
 // Workspace (an extra output sized by Python with _ffi_cuda.lookup_pool_workspace_bytes):
 // the order flag, the offsets, [S] float32 denominators and [S, D] float32 accumulators.
 // No allocation, no host sync.
+#include <string>
+#include <vector>
+
 #include "common.cuh"
 #include "embark_abi.h"
 #include "embark_operands.h"
@@ -285,11 +288,19 @@ ffi::Error Launch(cudaStream_t stream, const void* table, Args a, bool sorted, v
 
 ffi::Error LookupPoolCudaImpl(cudaStream_t stream, ffi::AnyBuffer table, ffi::AnyBuffer ids,
                               ffi::AnyBuffer seg, ffi::AnyBuffer weights,
-                              ffi::Result<ffi::AnyBuffer> out,
-                              ffi::Result<ffi::AnyBuffer> workspace, int64_t combiner,
-                              int64_t indices_are_sorted) {
-  ffi::Error err = CheckLookupPool(table, ids, seg, weights, *out, combiner);
+                              ffi::Result<ffi::AnyBuffer> workspace, ffi::RemainingRets outs,
+                              int64_t combiner, int64_t indices_are_sorted) {
+  std::vector<ffi::AnyBuffer> pieces;
+  ffi::Error err = CheckLookupPool(table, ids, seg, weights, outs, combiner, &pieces);
   if (err.failure()) return err;
+  // One piece on the GPU: ops._ffi splits the output there (a device slice is cheap next to
+  // the host's copy and fresh pages that the pieces avoid).
+  if (pieces.size() != 1) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "lookup_pool: the CUDA kernel writes the output as one [S, D] piece, got " +
+                          std::to_string(pieces.size()));
+  }
+  ffi::AnyBuffer* out = &pieces[0];
   const int64_t n = static_cast<int64_t>(ids.element_count());
   Args a{ids.untyped_data(),
          ids.element_type() == ffi::DataType::S64,
@@ -322,8 +333,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbarkLookupPoolCuda, embark::LookupPoolCudaImpl,
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>()  // workspace
+                                  .RemainingRets()             // the output, one piece
                                   .Attr<int64_t>("combiner")
                                   .Attr<int64_t>("indices_are_sorted"),
                               {xla::ffi::Traits::kCmdBufferCompatible});

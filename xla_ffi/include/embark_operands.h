@@ -125,27 +125,45 @@ inline ffi::Error CheckSegmentSum(const ffi::AnyBuffer& values, const ffi::AnyBu
   return c.failed() ? c.error() : ffi::Error::Success();
 }
 
-// embark_lookup_pool: table [V, D] and output [S, D] (or [N, D] for NONE) f32/bf16; ids,
-// segment_ids [N] int; weights [N] f32, or [0] for unweighted (every weight 1: no [N] array
-// to fill and read); an ABI combiner id.
+// embark_lookup_pool: table [V, D], ids [N], segment_ids [N], weights [N] f32 or [0] (every
+// weight 1: no [N] array to fill and read), an ABI combiner id;
+// workspace, then the output as one or more pieces [S_k, D], rows one after the other (S rows
+// in all, or N for combiner NONE), all of the first piece's float dtype. Decodes them into
+// `pieces`.
 inline ffi::Error CheckLookupPool(const ffi::AnyBuffer& table, const ffi::AnyBuffer& ids,
                                   const ffi::AnyBuffer& seg, const ffi::AnyBuffer& weights,
-                                  const ffi::AnyBuffer& out, int64_t combiner) {
+                                  const ffi::RemainingRets& outs, int64_t combiner,
+                                  std::vector<ffi::AnyBuffer>* pieces) {
   const int64_t n = static_cast<int64_t>(ids.element_count());
   Check c("lookup_pool");
-  c.Rank("table", table, 2, "[V, D]").Rank("output", out, 2, "[S, D], or [N, D] for NONE");
+  c.Rank("table", table, 2, "[V, D]")
+      .Require(outs.size() > 0, "output: one or more [S_k, D] pieces expected, got none");
+  int64_t rows = 0;
+  for (size_t k = 0; k < outs.size() && !c.failed(); ++k) {
+    auto piece = outs.get<ffi::AnyBuffer>(k);
+    c.Require(!piece.has_error(), "output piece " + std::to_string(k) + " must be an array");
+    if (c.failed()) break;
+    pieces->push_back(**piece);
+    const ffi::AnyBuffer& o = pieces->back();
+    c.Rank("output", o, 2, "[S_k, D] pieces, or [N, D] for NONE");
+    if (c.failed()) break;
+    c.Dim("output", o, 1, table.dimensions()[1], "D, the table's width")
+        .FloatType("output", o.element_type())
+        .Type("output", o.element_type(), (*pieces)[0].element_type(),
+              "the dtype of the first piece");
+    rows += o.dimensions()[0];
+  }
   if (c.failed()) return c.error();
-  c.Dim("output", out, 1, table.dimensions()[1], "D, the table's width")
-      .Count("segment_ids", seg, n, "[N], one per id")
+  c.Count("segment_ids", seg, n, "[N], one per id")
       .IdType("ids", ids.element_type())
       .IdType("segment_ids", seg.element_type())
       .Type("weights", weights.element_type(), ffi::DataType::F32)
       .FloatType("table", table.element_type())
-      .FloatType("output", out.element_type())
       .Attr("combiner", combiner, abi::kCombinerNames, abi::kNumCombiners);
   if (weights.element_count() != 0) c.Count("weights", weights, n, "[N], one per id, or [0]");
   if (combiner == static_cast<int64_t>(abi::Combiner::NONE)) {
-    c.Dim("output", out, 0, n, "N: combiner NONE gives a row per id");
+    c.Require(rows == n, "output: combiner NONE gives a row per id: " + std::to_string(n) +
+                             " rows expected, got " + std::to_string(rows));
   }
   return c.failed() ? c.error() : ffi::Error::Success();
 }

@@ -81,8 +81,21 @@ class DPCluster(ClusterBase):
 
     def owner(self, buffer, res):
         """One kernel call per pooling kind (sum, mean, sqrtn), usually one per group; each
-        output row is its feature's, so each call's rows of its own kind are kept."""
+        output row is its feature's, so each call's rows of its own kind are kept. With one
+        kind the kernel writes each feature's output where it is (`split`)."""
         n_out = sum(self.out_rows)
+        if len(self.kinds) == 1:
+            parts = ops.lookup_pool(
+                buffer,
+                res.rows,
+                res.bag,
+                n_out,
+                res.w,
+                self.kinds[0],
+                indices_are_sorted=True,
+                split=self.out_rows,
+            )
+            return self._outputs(parts)
         y = None
         for k, kind in enumerate(self.kinds):
             y_k = ops.lookup_pool(
@@ -103,7 +116,10 @@ class DPCluster(ClusterBase):
 
     def split(self, y):
         """Group output rows `[sum of out_rows, width]` -> feature -> its output (one split)."""
-        parts = jnp.split(y, np.cumsum(self.out_rows)[:-1].tolist())
+        return self._outputs(jnp.split(y, np.cumsum(self.out_rows)[:-1].tolist()))
+
+    def _outputs(self, parts):
+        """Each feature's rows of the group output -> feature -> its output."""
         return {
             f.name: part.astype(jnp.float32).reshape(self.output_shape(f))
             for f, part in zip(self.features, parts, strict=True)

@@ -95,46 +95,66 @@ class UBCluster(ClusterBase):
     def combine(self, owner_out, res):
         recv = routing.exchange(owner_out, self.axis_names).reshape(-1, self.width)
         recv = recv.astype(jnp.float32)
-        out, start = {}, 0
+        slots, start = {}, 0
         for t in self.table_names:
             cap_u, c = self.unique_capacity[t], self.layouts[t].column_shards
-            slots = res.slot[start : start + c * cap_u].reshape(c, cap_u)
+            slots[t] = res.slot[start : start + c * cap_u].reshape(c, cap_u)
             start += c * cap_u
-            for f in self.features:
-                if f.table == t:
-                    out[f.name] = self._pool(recv, slots, res, f).reshape(self.output_shape(f))
-        return out
+        out = {}
+        for kind in dict.fromkeys(self._pooling(f) for f in self.features):
+            feats = [f for f in self.features if self._pooling(f) is kind]
+            out.update(self._pool(recv, slots, res, feats, kind))
+        return {f.name: out[f.name].reshape(self.output_shape(f)) for f in self.features}
 
-    def _pool(self, recv, slots, res, f):
-        """A feature's output read straight from the received vectors: column slice k of an
-        id's vector is row `slots[k, inv]` of `recv` (none: the id found no dedup slot, or
-        that slice was dropped from its bucket, and reads zeros). A mean or sqrtn bag is
+    @staticmethod
+    def _pooling(f) -> Combiner:
+        """How a feature pools the received vectors: mean and sqrtn sum first (`_pool`)."""
+        return Combiner.SUM if f.combiner in (Combiner.MEAN, Combiner.SQRTN) else f.combiner
+
+    def _pool(self, recv, slots, res, feats, kind: Combiner):
+        """The outputs of `feats` (all pooling by `kind`) read straight from the received
+        vectors in one kernel call: column slice k of an id's vector is row
+        `slots[table][k, inv]` of `recv` (none: the id found no dedup slot, or that slice was
+        dropped from its bucket, and reads zeros); each (feature, slice) pools into its own
+        bags, written as its own output piece (`lookup_pool(split=)`). A mean or sqrtn bag is
         divided by the weights of its ids that found a dedup slot, as if each had read its
         whole vector. No per-slot or per-id copy of the vectors is made; the pooling's VJP
         scatters each id's output gradient straight into `recv`'s gradient."""
-        inv, seg, w = res.inv[f.name], res.seg[f.name], res.w[f.name]
-        found = inv >= 0
-        divided = f.combiner in (Combiner.MEAN, Combiner.SQRTN)
-        combiner = Combiner.SUM if divided else f.combiner
-        parts = [
-            ops.lookup_pool(
-                recv,
-                jnp.where(found, jnp.take(slots[k], jnp.maximum(inv, 0)), -1),
-                seg,
-                self.b,
-                w,
-                combiner,
-                indices_are_sorted=True,
-            )
-            for k in range(slots.shape[0])
-        ]
-        y = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
-        if divided:
-            ids = jnp.where(found, 0, -1)
-            y = self.apply_denominator(
-                y, ops.reference.pool_denominator(ids, seg, self.b, w, f.combiner)
-            )
-        return y
+        weighted = any(res.w[f.name] is not None for f in feats)
+        rows, seg, w, sizes = [], [], [], []
+        for f in feats:
+            inv, s = res.inv[f.name], res.seg[f.name]
+            found = inv >= 0
+            for k in range(slots[f.table].shape[0]):
+                rows.append(jnp.where(found, jnp.take(slots[f.table][k], jnp.maximum(inv, 0)), -1))
+                if kind is not Combiner.NONE:  # bags of (feature, slice) one after the other
+                    seg.append(s + len(sizes) * self.b)
+                if weighted:
+                    fw = res.w[f.name]
+                    w.append(jnp.ones(inv.shape, jnp.float32) if fw is None else fw)
+                sizes.append(self.b if kind is not Combiner.NONE else inv.shape[0])
+        parts = ops.lookup_pool(
+            recv,
+            jnp.concatenate(rows),
+            jnp.concatenate(seg) if seg else None,
+            len(sizes) * self.b,
+            jnp.concatenate(w) if weighted else None,
+            kind,
+            indices_are_sorted=True,
+            split=sizes,
+        )
+        out, i = {}, 0
+        for f in feats:
+            c = slots[f.table].shape[0]
+            y = parts[i] if c == 1 else jnp.concatenate(parts[i : i + c], axis=-1)
+            i += c
+            if f.combiner in (Combiner.MEAN, Combiner.SQRTN):
+                inv, s, fw = res.inv[f.name], res.seg[f.name], res.w[f.name]
+                ids = jnp.where(inv >= 0, 0, -1)
+                denom = ops.reference.pool_denominator(ids, s, self.b, fw, f.combiner)
+                y = self.apply_denominator(y, denom)
+            out[f.name] = y
+        return out
 
     def stage(
         self, block, state, res, g_owner, optimizer, step, seed=None, staging=None, after=None
