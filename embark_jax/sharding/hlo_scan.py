@@ -3,7 +3,7 @@ the per-device shape and dtype of a table, an optimizer slot or another large ar
 
 A compiled train step that updates its tables in place touches each table only through the
 kernels that read or write just the rows their ids name (`ROW_KERNELS`: the lookup, the
-staged update, the in-place commit) and ops that move no bytes (parameters, bitcasts,
+in-place undoable update, the undo) and ops that move no bytes (parameters, bitcasts,
 tuples); anything else that produces a value of a table's shape (a `copy`, a fusion whose
 root is a copy, an elementwise pass, a scatter) or takes one as an operand (a reduction over
 the table, e.g. a finiteness check) costs a pass over the whole table per step. `scan`
