@@ -17,6 +17,7 @@ float32 hyper-parameter vector).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -285,6 +286,8 @@ class StagedUpdate(NamedTuple):
     values: `[C, D]` their previous weights, in the table's dtype.
     slots: the two kernel slot operands' previous rows, `[C, w]` for a slot of w floats per
       row (`abi::SlotRowWidth`), `[1]` for an unused one (whose value is undefined).
+    Rows of `values` and `slots` past the `num_unique` distinct rows are undefined (never
+      read: their `rows` entries are -1).
     finite: `[]` bool, every updated weight and slot value is finite.
     num_unique: `[]` int32, distinct ids seen.
     """
@@ -332,8 +335,9 @@ def stage_backward_update(
     and `state`) and their previous values saved; keep or undo it with `commit_update`.
     Arguments as there, except:
 
-    - `table` `[..., V, D]` may carry leading dimensions (a `shard_map` block `[1, V, D]`,
-      the state's arrays the same ones): updated as it is, XLA aliases it with no copy.
+    - `table` may be a block `[1, ..., V, D]` with leading axes of size 1 (a `shard_map`
+      block `[1, V, D]`; the state's arrays carry the same ones, Adam's count `[1]`):
+      updated as it is, XLA aliases it with no copy.
     - `output_grads` may be a sequence of `[S_k, D]` pieces taken as their rows one after the
       other (the CPU kernel reads each where it is: no concatenated copy).
     - `staging`: the arrays of an earlier `StagedUpdate` of the same shapes (`Staging.of`),
@@ -345,11 +349,25 @@ def stage_backward_update(
     - `after`: an int32 array the update must wait for (never read), e.g. `read_marker` of
       a lookup of the same table in the same jit whose outputs the update does not otherwise
       depend on; without it XLA keeps such a lookup and the in-place update apart by copying
-      the whole table."""
+      the whole table. The reference backend ignores it (its scatter is XLA's own)."""
     combiner = Combiner.parse(combiner)
     lead = table.ndim - 2
-    if lead < 0:
-        raise ValueError(f"stage_backward_update: table must be [..., V, D], got {table.shape}")
+    if lead < 0 or any(n != 1 for n in table.shape[:-2]):
+        raise ValueError(
+            f"stage_backward_update: table must be [V, D] or a block [1, ..., V, D], got "
+            f"{list(table.shape)}"
+        )
+    if not jnp.issubdtype(table.dtype, jnp.floating):
+        raise ValueError(f"stage_backward_update: table must be a float type, got {table.dtype}")
+    if staging is not None and not (
+        isinstance(staging, tuple | list)
+        and len(staging) == 3
+        and all(hasattr(x, "shape") for x in staging)
+    ):
+        raise ValueError(
+            "stage_backward_update: staging must be an ops.Staging of 3 arrays (Staging.of), "
+            f"got {type(staging).__name__}"
+        )
     local_state = jax.tree.map(lambda x: x[(0,) * lead], state) if lead else state
     rows_view = table.reshape(table.shape[-2:]) if lead else table
     pieces = _grad_pieces("stage_backward_update", output_grads, table.shape[-1])
@@ -403,10 +421,10 @@ def _stage_rows(table, state, local_state, rows, row_grads, optimizer, step, see
     values = stored_values(new_w, table.dtype, rows, seed)
     ok = jnp.all(jnp.isfinite(values.astype(jnp.float32)) | ~valid[:, None])
     for s in new_slots:
-        ok &= jnp.all(jnp.isfinite(s.reshape(rows.shape[0], -1)) | ~valid[:, None])
+        ok &= jnp.all(jnp.isfinite(_per_row(s, rows)) | ~valid[:, None])
     new_table = table.at[at].set(values, mode="drop")
     slots = tuple(f.at[at].set(s, mode="drop") for f, s in zip(full, new_slots, strict=True))
-    saved = [s.reshape(rows.shape[0], -1) for s in old_slots]
+    saved = [_per_row(s, rows) for s in old_slots]
     dummy = jnp.zeros((1,), jnp.float32)
     saved = (*saved, dummy, dummy)[:2]
     rows = jnp.where(valid, rows, -1)
@@ -421,6 +439,24 @@ def _stage_rows(table, state, local_state, rows, row_grads, optimizer, step, see
     )
 
 
+def _per_row(x: jax.Array, rows: jax.Array) -> jax.Array:
+    """`[C, ...]` -> `[C, w]` (also for C = 0, where a -1 in the shape is ambiguous)."""
+    return x.reshape(rows.shape[0], math.prod(x.shape[1:]))
+
+
+def _verdict(commit) -> jax.Array:
+    """`commit` as a bool scalar (a bool or integer scalar: nonzero keeps); a one-line error
+    naming it otherwise."""
+    commit = jnp.asarray(commit)
+    if commit.shape != () or not (
+        commit.dtype == jnp.bool_ or jnp.issubdtype(commit.dtype, jnp.integer)
+    ):
+        raise ValueError(
+            f"commit_update: commit must be a bool scalar, got {commit.dtype}{list(commit.shape)}"
+        )
+    return commit.astype(bool)
+
+
 def commit_update(
     staged: StagedUpdate,
     commit: jax.Array | bool,
@@ -432,7 +468,7 @@ def commit_update(
     otherwise writes its saved rows back, in place: returns `(table, state)`, bit-identical to
     the stage's inputs when undone. An optimizer that counts updates (Adam) counts this one
     only when kept."""
-    commit = jnp.asarray(commit)
+    commit = _verdict(commit)
     table = staged.table
     if _uses_kernels(backend, table.dtype):
         slot_a, slot_b = kernel_slots(optimizer, staged.state)

@@ -146,3 +146,52 @@ def test_gradient_pieces_of_another_width_or_dtype_are_refused_in_one_line():
         with pytest.raises(ValueError, match=r"stage_backward_update: output_grads") as err:
             ops.stage_backward_update(table, opt.init(table), bad, ids, seg, optimizer=opt)
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("backend", ["ffi", "reference"])
+def test_an_integer_verdict_keeps_on_nonzero_on_both_backends(backend):
+    """`commit` 1 / 0 (ints) keep / undo like True / False: the rows and Adam's count agree."""
+    table, ids, seg, grads = inputs()
+    opt = O.Adam(learning_rate=0.1)
+    state = opt.init(table)
+    staged = ops.stage_backward_update(
+        table, state, grads, ids, seg, optimizer=opt, backend=backend
+    )
+    kept_t, kept_s = ops.commit_update(staged, 1, optimizer=opt, backend=backend)
+    np.testing.assert_array_equal(np.asarray(kept_t), np.asarray(staged.table))
+    assert int(kept_s.count) == 1
+    undone_t, undone_s = ops.commit_update(staged, jnp.int32(0), optimizer=opt, backend=backend)
+    np.testing.assert_array_equal(np.asarray(undone_t), np.asarray(table))
+    assert int(undone_s.count) == 0
+    for bad in (1.0, jnp.ones((2,), bool)):
+        with pytest.raises(ValueError, match=r"commit_update: commit must be a bool scalar") as err:
+            ops.commit_update(staged, bad, optimizer=opt, backend=backend)
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("backend", ["ffi", "reference"])
+def test_an_empty_batch_stages_nothing(backend):
+    table, _, _, _ = inputs()
+    opt = O.RowWiseAdagrad(learning_rate=0.1)
+    state = opt.init(table)
+    none = jnp.zeros((0,), jnp.int32)
+    staged = ops.stage_backward_update(
+        table, state, jnp.zeros((S, D)), none, none, optimizer=opt, backend=backend
+    )
+    assert staged.rows.shape == (0,) and bool(staged.finite) and int(staged.num_unique) == 0
+    got, _ = ops.commit_update(staged, True, optimizer=opt, backend=backend)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(table))
+
+
+def test_a_table_it_cannot_update_in_place_is_refused_in_one_line():
+    table, ids, seg, grads = inputs()
+    opt = O.SGD(learning_rate=0.1)
+    cases = [
+        (jnp.stack([table, table]), opt.init(table), None, r"table must be \[V, D\] or a block"),
+        (table.astype(jnp.int32), opt.init(table), None, r"table must be a float type"),
+        (table, opt.init(table), (grads, grads), r"staging must be an ops.Staging of 3 arrays"),
+    ]
+    for t, state, staging, match in cases:
+        with pytest.raises(ValueError, match=f"stage_backward_update: {match}") as err:
+            ops.stage_backward_update(t, state, grads, ids, seg, optimizer=opt, staging=staging)
+        assert "\n" not in str(err.value)
