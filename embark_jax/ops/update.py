@@ -259,7 +259,7 @@ def _reference_row_grads(table, g, ids, segment_ids, weights, combiner):
     )[:2]
 
 
-# --- undoable: update, decide, keep or undo -----------------------------------------------------
+# --- undoable: update, decide, keep or undo ---------------------------------------------
 
 
 def read_marker(*arrays: jax.Array) -> jax.Array:

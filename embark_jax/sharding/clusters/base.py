@@ -7,7 +7,7 @@ A cluster runs per device inside `shard_map` over all mesh axes:
                                   arrays, a pytree), overflow per table
   owner(buffer, residuals)     -> what this device computes from its shards (differentiable)
   combine(owner_out, res)      -> per-feature outputs; includes the collectives; linear
-  stage(block, state, res, g_owner, optimizer, step, seed, staging, after) -> the owner's
+  stage(block, state, res, g_owner, how) -> the owner's
                                fused sparse update of its block [1, rows, width], in place
                                and undoable (`ops.StagedUpdate`; seed: stochastic rounding
                                of a bfloat16 group, or None)
@@ -112,6 +112,18 @@ class ShardRequests(NamedTuple):
     row: list[jax.Array]  # [c] x [N] the id's row in that device's buffer
 
 
+class UpdateArgs(NamedTuple):
+    """How a group's sparse update runs, the same for every cluster: the keyword arguments
+    of `ops.stage_backward_update` that `backward_stage` hands through `stage` to
+    `owner_stage`."""
+
+    optimizer: SparseOptimizer
+    step: Any
+    seed: Any = None
+    staging: ops.Staging | None = None
+    after: jax.Array | None = None
+
+
 class ClusterBase:
     """Static per-group metadata plus the generic forward / backward."""
 
@@ -188,18 +200,7 @@ class ClusterBase:
     def combine(self, owner_out: Any, res: Any) -> dict[str, jax.Array]:
         raise NotImplementedError
 
-    def stage(
-        self,
-        block,
-        state,
-        res,
-        g_owner,
-        optimizer: SparseOptimizer,
-        step,
-        seed=None,
-        staging=None,
-        after=None,
-    ):
+    def stage(self, block, state, res, g_owner, how: UpdateArgs) -> ops.StagedUpdate:
         raise NotImplementedError
 
     def combine_group(self, owner_out: Any, res: Any) -> Any:
@@ -263,36 +264,13 @@ class ClusterBase:
         _, vjp = jax.vjp(lambda o: self.combine_group(o, res), zeros)
         (g_owner,) = vjp(self.join(output_grads))
         seed = seed if self.group.stochastic_rounding else None
-        return self.stage(block, state, res, g_owner, optimizer, step, seed, staging, after)
+        how = UpdateArgs(optimizer, step, seed, staging, after)
+        return self.stage(block, state, res, g_owner, how)
 
     @staticmethod
-    def owner_stage(
-        block,
-        state,
-        rows,
-        seg,
-        weights,
-        g,
-        optimizer,
-        combiner,
-        step,
-        seed=None,
-        staging=None,
-        after=None,
-    ) -> ops.StagedUpdate:
+    def owner_stage(block, state, rows, seg, weights, g, combiner, how: UpdateArgs):
         """The owner side: one fused backward + optimizer call over every request this
         device received (duplicates across sources are merged), undoable."""
         return ops.stage_backward_update(
-            block,
-            state,
-            g,
-            rows,
-            seg,
-            weights,
-            optimizer=optimizer,
-            combiner=combiner,
-            step=step,
-            seed=seed,
-            staging=staging,
-            after=after,
+            block, state, g, rows, seg, weights, combiner=combiner, **how._asdict()
         )

@@ -132,9 +132,7 @@ class DPCluster(ClusterBase):
         """One output when one lookup made them all (every output is a slice of it)."""
         return [next(iter(outputs.values()))] if len(self.kinds) == 1 else list(outputs.values())
 
-    def stage(
-        self, block, state, res, g_owner, optimizer, step, seed=None, staging=None, after=None
-    ):
+    def stage(self, block, state, res, g_owner, how):
         rows, scale = self._slots(res)
         grads = [g_owner[f.name].astype(jnp.float32).reshape(-1, self.width) for f in self.features]
         vocab, width = block.shape[-2:]
@@ -143,9 +141,7 @@ class DPCluster(ClusterBase):
             vocab, width, rows.shape[0], sum(self.out_rows), self.num_devices
         )
         if mode is DPGradients.DENSE or (mode is DPGradients.AUTO and dense):
-            return self._stage_dense(
-                block, state, rows, res.bag, scale, grads, optimizer, step, seed, (staging, after)
-            )
+            return self._stage_dense(block, state, rows, res.bag, scale, grads, how)
         seg = res.bag
         if self.num_devices > 1:  # every replica applies every device's gradients
             grads = jnp.concatenate(grads)
@@ -154,22 +150,9 @@ class DPCluster(ClusterBase):
                 jax.lax.all_gather(x, self.axis_names, tiled=True)
                 for x in (rows, seg, scale, grads)
             )
-        return self.owner_stage(
-            block,
-            state,
-            rows,
-            seg,
-            scale,
-            grads,
-            optimizer,
-            Combiner.SUM,
-            step,
-            seed,
-            staging,
-            after,
-        )
+        return self.owner_stage(block, state, rows, seg, scale, grads, Combiner.SUM, how)
 
-    def _stage_dense(self, block, state, rows, bag, scale, grads, optimizer, step, seed, mem):
+    def _stage_dense(self, block, state, rows, bag, scale, grads, how):
         """Dense all-reduce, then the sparse update of the rows any replica touched
         (untouched rows stay untouched: lazy optimizers stay lazy)."""
         vocab = block.shape[-2]
@@ -178,9 +161,7 @@ class DPCluster(ClusterBase):
         ones = jnp.ones(rows.shape, jnp.float32)
         touched = jax.lax.psum(ops.segment_sum(ones, rows, vocab), self.axis_names)
         rows_all = jnp.where(touched > 0, jnp.arange(vocab, dtype=jnp.int32), -1)
-        return self.owner_stage(
-            block, state, rows_all, None, None, g, optimizer, Combiner.NONE, step, seed, *mem
-        )
+        return self.owner_stage(block, state, rows_all, None, None, g, Combiner.NONE, how)
 
     def _slots(self, res):
         """The group's id slots `(rows, scale)` `[N]`: `scale` is d(output)/d(row) (the weight

@@ -266,24 +266,9 @@ class RBCluster(ClusterBase):
 
     # --- owner update ------------------------------------------------------------------
 
-    def stage(
-        self, block, state, res, g_owner, optimizer, step, seed=None, staging=None, after=None
-    ):
+    def stage(self, block, state, res, g_owner, how):
         g = g_owner.reshape(-1, self.width)
-        return self.owner_stage(
-            block,
-            state,
-            res.rows,
-            res.seg,
-            res.w,
-            g,
-            optimizer,
-            Combiner.SUM,
-            step,
-            seed,
-            staging,
-            after,
-        )
+        return self.owner_stage(block, state, res.rows, res.seg, res.w, g, Combiner.SUM, how)
 
 
 def _padded(rows, pad: int) -> np.ndarray:

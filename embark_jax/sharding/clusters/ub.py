@@ -156,21 +156,6 @@ class UBCluster(ClusterBase):
             out[f.name] = y
         return out
 
-    def stage(
-        self, block, state, res, g_owner, optimizer, step, seed=None, staging=None, after=None
-    ):
+    def stage(self, block, state, res, g_owner, how):
         g = g_owner.reshape(-1, self.width)
-        return self.owner_stage(
-            block,
-            state,
-            res.rows,
-            None,
-            None,
-            g,
-            optimizer,
-            Combiner.NONE,
-            step,
-            seed,
-            staging,
-            after,
-        )
+        return self.owner_stage(block, state, res.rows, None, None, g, Combiner.NONE, how)
