@@ -5,13 +5,16 @@ line checks them before a command runs; `embark_jax.ops.native` before the kerne
   the BF16 conversions): the SIMD path the kernels use (at most the best the CPU supports).
 - `EMBARK_CPU_THREADS`: a positive integer, the threads each CPU kernel runs on (default: the
   CPUs the process may use).
-Process-wide tuning is opt-in: the three switches below change the whole process (its
-allocator, its page layout, threads that stay awake), so loading the kernels does none of it
-unless asked. `EMBARK_CPU_TUNING=on` asks for all three (each switch set on its own wins):
+Huge pages for the tables are on by default: they are advice about the kernels' own table
+buffers (as numpy advises its large arrays), and a table read at random is read faster on
+them (docs/benchmarks.md has the measurements). Process-wide tuning is opt-in: the other two switches
+change the whole process (its allocator, threads that stay awake), so loading the kernels
+does none of it unless asked. `EMBARK_CPU_TUNING=on` asks for all three, `off` turns all
+three off (each switch set on its own wins):
 
-- `EMBARK_HUGEPAGES`: `auto` (also `on`, `1`) or `off` (`0`; the default unless
-  `EMBARK_CPU_TUNING=on`): whether the kernels move the tables they read at random onto
-  transparent huge pages, from a background thread (docs/design.md §7).
+- `EMBARK_HUGEPAGES`: `auto` (also `on`, `1`; the default unless `EMBARK_CPU_TUNING=off`) or
+  `off` (`0`): whether the kernels move the tables they read at random onto transparent huge
+  pages, from a background thread (docs/design.md §7).
 - `EMBARK_MALLOC`: the same values: whether loading the kernels sets glibc's mmap and trim
   thresholds to the values its own rule converges to, so that large outputs reuse memory
   instead of faulting fresh pages in at each call (docs/design.md §7). A process started with
@@ -59,13 +62,15 @@ def _switch_from_env(name: str, default: str = "off") -> str:
 
 
 def tuning_from_env() -> str:
-    """`auto` or `off`, from EMBARK_CPU_TUNING: the default of the three tuning switches."""
+    """`auto` or `off`, from EMBARK_CPU_TUNING (unset: `off`): the default of the malloc and
+    spin switches, and of the huge-page switch where it is set."""
     return _switch_from_env("EMBARK_CPU_TUNING")
 
 
 def huge_page_mode_from_env() -> str:
-    """`auto` or `off`, from EMBARK_HUGEPAGES (default: EMBARK_CPU_TUNING's)."""
-    return _switch_from_env("EMBARK_HUGEPAGES", tuning_from_env())
+    """`auto` or `off`, from EMBARK_HUGEPAGES (default: EMBARK_CPU_TUNING's where it is set,
+    else `auto`)."""
+    return _switch_from_env("EMBARK_HUGEPAGES", _switch_from_env("EMBARK_CPU_TUNING", "auto"))
 
 
 def malloc_mode_from_env() -> str:

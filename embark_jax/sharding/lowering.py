@@ -129,8 +129,7 @@ class Lowered:
         index_of = {t.name: i for i, t in enumerate(self.config.tables)}
         dtype = jnp.dtype(group.dtype)
 
-        def block(g: int) -> np.ndarray:
-            out = np.zeros((group.rows_per_device, group.width), dtype)
+        def block(g: int, out: np.ndarray) -> None:  # fills out [rows_per_device, width]
             for s in group.shards:
                 if s.device != g:
                     continue
@@ -140,11 +139,13 @@ class Lowered:
                 k = jax.random.fold_in(jax.random.fold_in(key, index_of[s.table]), s.k * 65536 + j)
                 rows = slice(s.row_offset, s.row_offset + s.rows)
                 out[rows] = np.asarray(init(k, (s.rows, s.width), dtype))
-            return out
 
-        def callback(index):
+        def callback(index):  # each block written once, where it is returned (no stacked copy)
             devs = range(self.num_devices)[index[0]]
-            return np.stack([block(g) for g in devs])
+            out = np.zeros((len(devs), group.rows_per_device, group.width), dtype)
+            for i, g in enumerate(devs):
+                block(g, out[i])
+            return out
 
         shape = (self.num_devices, group.rows_per_device, group.width)
         return jax.make_array_from_callback(shape, sharding, callback)

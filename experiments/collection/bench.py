@@ -32,7 +32,9 @@ schema "embark_jax.collection_bench/1":
     schedule: "interleaved" or "one-at-a-time"
     unavailable: {contender: why it was not run (e.g. "ImportError: No module named ...")}
     contenders: {NAME: {                  # embark, embark_rb, embark_collection, tbe
-      what, info (versions, threads), build_s, first_step_s,
+      what, info (versions, threads), build_s, first_step_s (step 1 alone: trace, compile
+      and run), check_s (step 1 and writing what the check reads), settle (the wait after
+      the warm-up round for the library's background work: {seconds, huge_pages}),
       check: {outputs_max_abs, rows_max_abs, untouched_max_abs, ok, overflow, applied,
               clusters (embark: tables per cluster kind), index_dtype (tbe)},
       step_s: {min, median, rounds: [...]},
@@ -382,11 +384,13 @@ def _prepare(name: str, inp: D.Inputs, ref: Reference, s: Settings, rec: dict) -
         os.makedirs(out_dir)
         step1 = wk.call(cmd="check", dir=out_dir)
         wk.call(cmd="run", steps=s.steps)  # warm-up round
+        settle = wk.call(cmd="settle")  # huge pages in place before the timed rounds
     except BaseException:
         wk.close()
         raise
     check = {**check_against_reference(ref, out_dir), **step1}
     first_step_s = check.pop("first_step_s")
+    check_s = check.pop("check_s")
     if name != PEER:
         check["ok"] = check["ok"] and check["overflow"] == 0 and check["applied"]
     rec["contenders"][name] = {
@@ -394,11 +398,14 @@ def _prepare(name: str, inp: D.Inputs, ref: Reference, s: Settings, rec: dict) -
         "info": built["info"],
         "build_s": built["build_s"],
         "first_step_s": first_step_s,
+        "check_s": check_s,
+        "settle": settle,
         "check": check,
         "memory": {"after_build_rss_gib": built["memory"]["rss_gib"]},
     }
     say(
-        f"  {name}: built in {built['build_s']:.1f} s, step 1 {first_step_s:.2f} s; "
+        f"  {name}: built in {built['build_s']:.1f} s, step 1 {first_step_s:.2f} s, settled in "
+        f"{settle['seconds']:.1f} s; "
         f"vs reference: outputs {check['outputs_max_abs']:.2e}, rows "
         f"{check['rows_max_abs']:.2e}, untouched {check['untouched_max_abs']:.1e} "
         f"({'ok' if check['ok'] else 'FAILED'})"

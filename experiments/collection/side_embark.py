@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import time
 
 import jax
 import numpy as np
@@ -203,8 +204,10 @@ class EmbarkContender:
         """Step 1 on batch 0: writes each feature's output and each table's sampled rows
         after the update (`out_I.npy`, `rows_I.npy`)."""
         w = self.inp.workload
+        t0 = time.perf_counter()
         outputs, overflow, applied = self.one()
         self.sync()
+        first_step_s = time.perf_counter() - t0
         for i, t in enumerate(w.tables):
             np.save(os.path.join(out_dir, f"out_{i}.npy"), np.asarray(outputs[w.feature(t)]))
         rows = self.sampled_rows()
@@ -214,7 +217,19 @@ class EmbarkContender:
             "overflow": int(sum(np.sum(np.asarray(v)) for v in jax.tree.leaves(overflow))),
             "applied": bool(np.asarray(applied)),
             "clusters": self.clusters,
+            "first_step_s": first_step_s,
         }
+
+    def settle(self) -> dict | None:
+        """Waits (at most 300 s) until the kernels' background thread has put the tables it
+        was given on huge pages (EMBARK_HUGEPAGES, on by default); what it did, or None when
+        the mode is off."""
+        from embark_jax.ops import native
+
+        if native.huge_page_mode() != "auto":
+            return None
+        done = native.wait_huge_pages(300.0)
+        return {"done": done, **native.huge_page_stats()}
 
     def info(self) -> dict:
         import jaxlib

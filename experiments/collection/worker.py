@@ -11,7 +11,10 @@ when the library cannot be imported (then the worker exits 0); `EMBARK_BENCH_UNA
 has the library (how the tests take the "fbgemm not installed" branch).
 
   {"cmd": "build"}              -> {"build_s", "memory", "info"}  the state, inputs copied in
-  {"cmd": "check", "dir": D}    -> {...}   step 1 on batch 0; D/out_I.npy, D/rows_I.npy
+  {"cmd": "check", "dir": D}    -> {..., "first_step_s", "check_s"}   step 1 on batch 0
+                                   (first_step_s: the step alone); D/out_I.npy, D/rows_I.npy
+  {"cmd": "settle"}             -> {"seconds", "huge_pages"}   waits for the library's
+                                   background work (embark: tables onto huge pages)
   {"cmd": "run", "steps": n}    -> {"seconds": s}   n steps back to back, waits for the last
   {"cmd": "reset_peak"}         -> {"ok": bool}     peak RSS from now on (/proc clear_refs)
   {"cmd": "memory"}             -> {"memory": {...}}
@@ -107,7 +110,12 @@ class Worker:
     def check(self, msg) -> dict:
         t0 = time.perf_counter()
         out = self.c.check(msg["dir"])
-        return out | {"first_step_s": time.perf_counter() - t0}
+        return out | {"check_s": time.perf_counter() - t0}
+
+    def settle(self, msg) -> dict:
+        t0 = time.perf_counter()
+        pages = self.c.settle()
+        return {"seconds": time.perf_counter() - t0, "huge_pages": pages}
 
     def run(self, msg) -> dict:
         t0 = time.perf_counter()

@@ -22,6 +22,9 @@ def test_parse_huge_page_mode(value, mode):
 
 
 def test_tuning_is_the_default_and_each_switch_wins(env):
+    assert cpu_env.huge_page_mode_from_env() == "auto"  # huge pages: on unless turned off
+    assert cpu_env.malloc_mode_from_env() == cpu_env.spin_mode_from_env() == "off"
+    env.setenv("EMBARK_CPU_TUNING", "off")
     assert cpu_env.huge_page_mode_from_env() == "off"
     env.setenv("EMBARK_CPU_TUNING", "on")
     env.setenv("EMBARK_MALLOC", "0")

@@ -38,8 +38,8 @@ needs_thp = pytest.mark.skipif(not _thp_available(), reason="transparent huge pa
 
 @pytest.fixture(autouse=True)
 def auto_mode():
-    """The tests here run in the auto mode, which a process opts into (EMBARK_HUGEPAGES or
-    EMBARK_CPU_TUNING; `test_environment_switch` checks the default is off)."""
+    """The tests here run in the auto mode, a process's default (`test_environment_switch`),
+    whatever the environment the tests were started with says."""
     previous = native.set_huge_page_mode("auto")
     yield
     native.set_huge_page_mode(previous)
@@ -185,13 +185,15 @@ def _child(value=None, **more):
 
 
 def test_environment_switch():
-    """Off unless asked for: by EMBARK_HUGEPAGES, or by EMBARK_CPU_TUNING (which the switch of
-    its own overrides)."""
+    """On unless turned off: by EMBARK_HUGEPAGES, or by EMBARK_CPU_TUNING=off (which the switch
+    of its own overrides)."""
     off, on = _child("off"), _child(" AUTO ")
     assert (off.returncode, off.stdout.split()) == (0, ["off"]), off.stderr
     assert (on.returncode, on.stdout.split()) == (0, ["auto"]), on.stderr
-    assert _child().stdout.split() == ["off"]
+    assert _child().stdout.split() == ["auto"]
     assert _child(EMBARK_CPU_TUNING="on").stdout.split() == ["auto"]
+    assert _child(EMBARK_CPU_TUNING="off").stdout.split() == ["off"]
+    assert _child("on", EMBARK_CPU_TUNING="off").stdout.split() == ["auto"]
     assert _child("off", EMBARK_CPU_TUNING="on").stdout.split() == ["off"]
     bad = _child("always")
     assert bad.returncode != 0
