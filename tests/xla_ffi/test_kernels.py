@@ -222,13 +222,31 @@ def test_unique_matches_numpy_and_reports_overflow(rng, id64, capacity):
         assert (overflow > 0) == (capacity == 4)
 
 
+def _bucket_sort_ids(rng, kind, ids):
+    """`buckets-*`: 40,000 ids (enough for the top-digit-then-buckets sort, cpu_sort.h) with
+    12 key bits (one bit left below the top digit), 31 bits, or skewed (most ids in a few
+    buckets, as a Zipf batch puts them)."""
+    if kind == "buckets-12bit":
+        return rng.integers(-1, 1 << 12, size=40_000).astype(np.int32)
+    if kind == "buckets-31bit":
+        return rng.integers(-1, 2**31 - 1, size=40_000).astype(np.int32)
+    if kind == "buckets-skewed":
+        return np.minimum(rng.zipf(1.2, size=40_000) - 1, 3_000_000).astype(np.int32)
+    return ids
+
+
 @pytest.mark.parametrize(
-    "kind", ["range-2M", "wide-first", "wide-last", "wide-only"]
-)  # two radix passes; ids >= 2**32 (the unpacked sort) seen first, last, or alone
+    "kind",
+    [
+        *("range-2M", "wide-first", "wide-last", "wide-only"),
+        *("buckets-12bit", "buckets-31bit", "buckets-skewed"),
+    ],
+)  # two radix passes; ids >= 2**32 (the unpacked sort) seen first, last, or alone; many ids
 def test_unique_of_large_and_wide_ids_matches_numpy(rng, kind):
     wide = kind.startswith("wide")
     with x64(wide):
         ids = rng.integers(-1, 2_000_000, size=5000).astype(np.int64 if wide else np.int32)
+        ids = _bucket_sort_ids(rng, kind, ids)
         big = rng.integers(2**32, 2**40, size=40)
         if kind == "wide-first":
             ids[:40] = big
@@ -236,8 +254,9 @@ def test_unique_of_large_and_wide_ids_matches_numpy(rng, kind):
             ids[-40:] = big
         elif kind == "wide-only":
             ids = np.concatenate([big, big[:7], [-1]]).astype(np.int64)
-        got = jax.jit(functools.partial(ops.unique, capacity=6000))(jnp.asarray(ids))
-        want = numpy_ref.unique(ids, 6000)
+        capacity = ids.size + 1000
+        got = jax.jit(functools.partial(ops.unique, capacity=capacity))(jnp.asarray(ids))
+        want = numpy_ref.unique(ids, capacity)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(np.asarray(g), w)
 

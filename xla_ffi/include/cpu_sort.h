@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "embark_ffi.h"  // ParallelFor
+
 namespace embark {
 
 // A heap array left uninitialised: a std::vector zero-fills, which for the sort's four
@@ -154,6 +156,86 @@ inline SortedIds SortPacked(RawArray<uint64_t>& v, int bits) {
   return s;
 }
 
+// Below this many elements, or when one digit covers every key, SortPacked's passes over the
+// whole array are cheaper than SortPackedBuckets' bucket bookkeeping.
+constexpr int64_t kBucketsMin = int64_t{1} << 14;
+constexpr int kLowDigit = 8;  // the in-bucket passes: 256 counters, cleared per bucket
+
+// Sorts one bucket's packed values a[0, len) on key bits [32, 32 + low_bits), w[0, len) the
+// other buffer; returns the one that holds the sorted values.
+inline uint64_t* SortBucket(uint64_t* a, uint64_t* w, int64_t len, int low_bits) {
+  int64_t count[int64_t{1} << kLowDigit];
+  for (int shift = 32; shift < 32 + low_bits && len > 1; shift += kLowDigit) {
+    const int width = std::min(kLowDigit, 32 + low_bits - shift);
+    const uint64_t mask = (uint64_t{1} << width) - 1;
+    std::fill(count, count + (int64_t{1} << width), 0);
+    for (int64_t i = 0; i < len; ++i) ++count[(a[i] >> shift) & mask];
+    int64_t sum = 0;
+    for (int64_t b = 0; b < (int64_t{1} << width); ++b) {
+      const int64_t c = count[b];
+      count[b] = sum;
+      sum += c;
+    }
+    for (int64_t i = 0; i < len; ++i) w[count[(a[i] >> shift) & mask]++] = a[i];
+    std::swap(a, w);
+  }
+  return a;
+}
+
+// Narrow ids with more than one digit of key bits, many of them: one pass over the whole
+// array on the top digit scatters the values into buckets (stable), then each bucket is
+// sorted on the remaining bits by passes that stay in cache, and unpacked, the buckets spread
+// over the CPU workers. SortPacked instead makes every pass over the whole array, each one
+// a scatter of a multi-MiB array into 2048 places, on one thread.
+inline SortedIds SortPackedBuckets(RawArray<uint64_t>& v, int bits) {
+  const int64_t m = v.size();
+  const int low_bits = bits - kDigit;
+  const int top_shift = 32 + low_bits;  // v >> top_shift < kBuckets: every key < 2^bits
+  // The top-digit pass in `parts` contiguous parts, one per worker: each part counts its
+  // values per bucket, then scatters them behind the earlier parts' (stable).
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(CpuPoolThreads(), m / kBucketsMin));
+  const int64_t per = (m + parts - 1) / parts;
+  std::vector<int64_t> front(static_cast<size_t>(parts * kBuckets), 0);
+  ParallelFor(parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      int64_t* c = &front[p * kBuckets];
+      for (int64_t i = p * per, e = std::min(m, i + per); i < e; ++i) ++c[v[i] >> top_shift];
+    }
+  });
+  std::vector<int64_t> start(kBuckets + 1, 0);
+  int64_t sum = 0;
+  for (int64_t b = 0; b < kBuckets; ++b) {
+    start[b] = sum;
+    for (int64_t p = 0; p < parts; ++p) {
+      const int64_t c = front[p * kBuckets + b];
+      front[p * kBuckets + b] = sum;
+      sum += c;
+    }
+  }
+  start[kBuckets] = sum;
+  RawArray<uint64_t> tmp(m);
+  ParallelFor(parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      int64_t* f = &front[p * kBuckets];
+      for (int64_t i = p * per, e = std::min(m, i + per); i < e; ++i) {
+        tmp[f[v[i] >> top_shift]++] = v[i];
+      }
+    }
+  });
+  SortedIds s{RawArray<uint64_t>(m), RawArray<int64_t>(m)};
+  ParallelFor(kBuckets, 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t lo = start[b], len = start[b + 1] - lo;
+      const uint64_t* sorted = SortBucket(&tmp[lo], &v[lo], len, low_bits);
+      for (int64_t i = 0; i < len; ++i) {
+        s.keys[lo + i] = sorted[i] >> 32;
+        s.positions[lo + i] = static_cast<int64_t>(sorted[i] & 0xffffffffu);
+      }
+    }
+  });
+  return s;
+}
+
 // Wide ids: the keys sorted with their positions carried alongside.
 inline SortedIds SortWide(SortedIds s, int bits) {
   const int64_t m = s.keys.size();
@@ -176,7 +258,9 @@ inline SortedIds SortWide(SortedIds s, int bits) {
 }  // namespace sort_detail
 
 // Sorts the positions of the valid (>= 0) ids by id (stable), returning them with the sorted
-// keys. Only as many 11-bit digit passes as the largest id needs. Ids and positions that fit
+// keys. Only as many 11-bit digit passes as the largest id needs; with many ids and more than
+// one digit, one pass on the top digit then passes inside each bucket (SortPackedBuckets).
+// Ids and positions that fit
 // 32 bits (every int32 id) are sorted packed, id << 32 | position, 8 bytes an element: half
 // the traffic of separate key and position arrays (docs/benchmarks.md has the measurements).
 template <typename LoadFn>
@@ -200,7 +284,11 @@ SortedIds SortValidIds(int64_t n, LoadFn load) {
     }
     if (!wide) {
       packed.truncate(m);
-      return sort_detail::SortPacked(packed, sort_detail::BitsOf(max_key));
+      const int bits = sort_detail::BitsOf(max_key);
+      if (bits > sort_detail::kDigit && m >= sort_detail::kBucketsMin) {
+        return sort_detail::SortPackedBuckets(packed, bits);
+      }
+      return sort_detail::SortPacked(packed, bits);
     }
   }
   SortedIds s{RawArray<uint64_t>(n), RawArray<int64_t>(n)};

@@ -58,11 +58,9 @@ bool GetCpuSpin();
 void CpuPoolRun(int64_t chunks, void (*fn)(void*, int64_t), void* ctx);
 
 // Runs fn(begin, end) over [0, n) in chunks of at least min_chunk on the CPU worker pool
-// (cpu_pool.cc explains why not XLA's intra-op pool, which `pool` is; it is kept in the
-// signature as the handlers' context). The calling thread takes chunks too.
+// (cpu_pool.cc explains why not XLA's intra-op pool). The calling thread takes chunks too.
 template <typename Fn>
-void ParallelFor(ffi::ThreadPool& pool, int64_t n, int64_t min_chunk, Fn fn) {
-  (void)pool;
+void ParallelFor(int64_t n, int64_t min_chunk, Fn fn) {
   if (n <= 0) return;
   const int64_t threads = CpuPoolThreads();
   const int64_t max_chunks = (n + min_chunk - 1) / min_chunk;
@@ -83,6 +81,13 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t n, int64_t min_chunk, Fn fn) {
         if (b < e) (*x->fn)(b, e);
       },
       &ctx);
+}
+
+// The same, with the handlers' context (XLA's intra-op pool, `pool`) kept in the signature.
+template <typename Fn>
+void ParallelFor(ffi::ThreadPool& pool, int64_t n, int64_t min_chunk, Fn fn) {
+  (void)pool;
+  ParallelFor(n, min_chunk, fn);
 }
 
 inline void Prefetch(const void* p) { __builtin_prefetch(p, 0, 1); }
