@@ -25,9 +25,9 @@ import numpy as np
 # what each contender is (docs for the JSON and the README table)
 CONTENDERS = {
     "embark": "lookup_fn + apply_gradients_fn in one jax.jit, state donated; the planner's "
-    "plan for one device",
+    "plan for one device; tables on huge pages (the default)",
     "embark_tuned": "the embark step with the kernels' opt-in process tuning "
-    "(EMBARK_CPU_TUNING=on: huge pages, glibc malloc thresholds, spinning workers)",
+    "(EMBARK_CPU_TUNING=on: glibc malloc thresholds, spinning workers, huge pages)",
     "embark_rb": "the same step, every table RB on device 0",
     "embark_collection": "EmbeddingCollection.lookup + apply_gradients (the planner's plan)",
     "tbe": "FBGEMM SplitTableBatchedEmbeddingBagsCodegen, all tables in one TBE, CPU, "
