@@ -5,16 +5,16 @@ line checks them before a command runs; `embark_jax.ops.native` before the kerne
   the BF16 conversions): the SIMD path the kernels use (at most the best the CPU supports).
 - `EMBARK_CPU_THREADS`: a positive integer, the threads each CPU kernel runs on (default: the
   CPUs the process may use).
-Huge pages for the tables are on by default: they are advice about the kernels' own table
-buffers (as numpy advises its large arrays), and a table read at random is read faster on
-them (docs/benchmarks.md has the measurements). Process-wide tuning is opt-in: the other two switches
+Huge pages are on by default: they are advice about buffers the kernels read or write (the
+tables, fresh outputs of 32 MiB or more), as numpy advises its large arrays, and a table read
+at random is read faster on them (docs/benchmarks.md has the measurements). Process-wide tuning is opt-in: the other two switches
 change the whole process (its allocator, threads that stay awake), so loading the kernels
 does none of it unless asked. `EMBARK_CPU_TUNING=on` asks for all three, `off` turns all
 three off (each switch set on its own wins):
 
 - `EMBARK_HUGEPAGES`: `auto` (also `on`, `1`; the default unless `EMBARK_CPU_TUNING=off`) or
   `off` (`0`): whether the kernels move the tables they read at random onto transparent huge
-  pages, from a background thread (docs/design.md §7).
+  pages, from a background thread, and advise their large fresh outputs (docs/design.md §7).
 - `EMBARK_MALLOC`: the same values: whether loading the kernels sets glibc's mmap and trim
   thresholds to the values its own rule converges to, so that large outputs reuse memory
   instead of faulting fresh pages in at each call (docs/design.md §7). A process started with

@@ -19,7 +19,8 @@ is started only once there is memory for it (`wait_for_memory`), or is skipped a
 as unavailable: on a shared machine the kernel's OOM killer could take another job.
 
 JSON (`--out`, default results/collection_bench.json; rewritten after every workload),
-schema "embark_jax.collection_bench/1":
+schema "embark_jax.collection_bench/2" (/1 had no check_s nor settle, and its first_step_s
+included the check):
 
   schema, settings {rounds, steps, batches, seed, ids, index_dtype, contenders, gap_s,
                     memory_wait_s, schedule (asked), learning_rate, eps, tolerance}
@@ -67,7 +68,7 @@ from experiments.collection import data as D
 from experiments.collection.workloads import CONTENDERS, PEER, Workload
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = "embark_jax.collection_bench/1"
+SCHEMA = "embark_jax.collection_bench/2"
 GAP_S = 0.01
 # Step 1 against the float64 reference: outputs within OUT_RTOL of the largest output (a
 # float32 sum of up to 100 rows), updated rows within ROWS_ATOL_LR * learning rate (a wrong
@@ -404,8 +405,8 @@ def _prepare(name: str, inp: D.Inputs, ref: Reference, s: Settings, rec: dict) -
         "memory": {"after_build_rss_gib": built["memory"]["rss_gib"]},
     }
     say(
-        f"  {name}: built in {built['build_s']:.1f} s, step 1 {first_step_s:.2f} s, settled in "
-        f"{settle['seconds']:.1f} s; "
+        f"  {name}: built in {built['build_s']:.1f} s, step 1 {first_step_s:.2f} s (check "
+        f"{check_s:.2f} s), settled in {settle['seconds']:.1f} s; "
         f"vs reference: outputs {check['outputs_max_abs']:.2e}, rows "
         f"{check['rows_max_abs']:.2e}, untouched {check['untouched_max_abs']:.1e} "
         f"({'ok' if check['ok'] else 'FAILED'})"

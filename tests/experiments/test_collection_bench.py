@@ -116,8 +116,14 @@ def _assert_ran(rec: dict, contenders: set[str], tbe_expected: bool) -> None:
         assert c["check"]["ok"] and c["check"]["untouched_max_abs"] == 0.0
         assert len(c["step_s"]["rounds"]) == 1 and c["samples_per_s"]["best"] > 0
         assert 0 < c["memory"]["rss_gib"] <= c["memory"]["peak_rss_gib"]
+        assert 0 < c["first_step_s"] <= c["check_s"]  # step 1 alone, then with the check
+        assert c["settle"]["seconds"] >= 0
     for name in contenders - {"tbe"}:
         assert rec["contenders"][name]["check"]["overflow"] == 0
+        # huge pages are on by default, for every embark contender: the settle waited for them
+        assert rec["contenders"][name]["settle"]["huge_pages"]["done"]
+    if "tbe" in rec["contenders"]:
+        assert rec["contenders"]["tbe"]["settle"]["huge_pages"] is None
 
 
 def test_quick_run(tmp_path):
