@@ -113,14 +113,21 @@ def test_the_stage_kernel_drops_ids_past_the_table_within_min_n_v_slots():
 @pytest.mark.parametrize("backend", ["ffi", "reference"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("combiner", ["sum", "none"])
-def test_gradient_pieces_stage_as_their_concatenation(backend, dtype, combiner):
-    """The output gradient in pieces of 2, 0 and 3 rows (bags, or ids for `none`) stages
-    exactly the rows its concatenation stages: the kernel reads each piece where it is."""
+@pytest.mark.parametrize("cuts", ["empty-middle", "equal", "equal-last-short", "last-long"])
+def test_gradient_pieces_stage_as_their_concatenation(backend, dtype, combiner, cuts):
+    """The output gradient in pieces (bags, or ids for `none`) stages exactly the rows its
+    concatenation stages: the kernel reads each piece where it is, finding the piece of a
+    row by a division where the pieces but the last are one size, else by a search."""
     table, ids, seg, _ = inputs(1)
     opt = O.RowWiseAdagrad(learning_rate=0.1)
     n_out = S if combiner == "sum" else ids.shape[0]
     grads = jnp.asarray(np.random.default_rng(2).normal(size=(n_out, D)), dtype)
-    cut = [2, 2, n_out]  # the middle piece is empty
+    cut = {
+        "empty-middle": [2, 2, n_out],
+        "equal": list(range(1, n_out + 1)),
+        "equal-last-short": [*range(3, n_out, 3), n_out],
+        "last-long": [1, 2, n_out],
+    }[cuts]
     pieces = [grads[a:b] for a, b in zip([0, *cut[:-1]], cut, strict=True)]
     kw = dict(optimizer=opt, combiner=combiner, backend=backend)
     whole = ops.stage_backward_update(table, opt.init(table), grads, ids, seg, **kw)

@@ -97,8 +97,9 @@ struct Pieces {
   }
   template <typename G>
   GradRows<G> View(int64_t d) const {
-    return GradRows<G>{reinterpret_cast<const G* const*>(base.data()), start.data(),
-                       static_cast<int64_t>(base.size()), d};
+    const int64_t n = static_cast<int64_t>(base.size());
+    return GradRows<G>{reinterpret_cast<const G* const*>(base.data()), start.data(), n, d,
+                       UniformPieceRows(start.data(), n)};
   }
 };
 

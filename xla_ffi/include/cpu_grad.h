@@ -13,20 +13,36 @@ namespace embark {
 
 // The rows of an output gradient [S, D] given as one array or as pieces [S_k, D] one after
 // the other (the staged update takes each feature's gradient as it is, with no concatenated
-// copy): row src of the whole is row src - start[k] of the piece k that holds it.
+// copy): row src of the whole is row src - start[k] of the piece k that holds it. Pieces of
+// one size but the last (each feature's [batch, D] gradient) find k by a division; others by
+// a binary search, whose branches mispredict on every random row.
 template <typename G>
 struct GradRows {
   const G* const* piece;  // base of each piece
   const int64_t* start;   // [pieces + 1]: each piece's first row, then S
   int64_t pieces, d;
+  int64_t uniform = 0;  // the rows of every piece but the last, where they are one size; or 0
 
   int64_t rows() const { return start[pieces]; }
   inline __attribute__((always_inline)) const G* Row(int64_t src) const {
     if (pieces == 1) return piece[0] + src * d;
-    const int64_t k = (std::upper_bound(start, start + pieces, src) - start) - 1;
+    const int64_t k = uniform ? src / uniform
+                              : (std::upper_bound(start, start + pieces, src) - start) - 1;
     return piece[k] + (src - start[k]) * d;
   }
 };
+
+// GradRows' `uniform` for piece starts [pieces + 1]: the common size of every piece but the
+// last where there is one (the last no larger), else 0.
+inline int64_t UniformPieceRows(const int64_t* start, int64_t pieces) {
+  if (pieces < 2) return 0;
+  const int64_t size = start[1] - start[0];
+  if (size <= 0) return 0;
+  for (int64_t k = 1; k + 1 < pieces; ++k) {
+    if (start[k + 1] - start[k] != size) return 0;
+  }
+  return start[pieces] - start[pieces - 1] <= size ? size : 0;
+}
 
 // A one-piece GradRows over grads [rows, d]; holds the arrays the view points into.
 template <typename G>
