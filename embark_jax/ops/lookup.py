@@ -198,6 +198,16 @@ def _check_weights(name: str, weights, ids) -> None:
         raise ValueError(f"{name}: weights must be [N] = {ids.shape}, got {jnp.shape(weights)}")
 
 
+def check_grad_rows(name: str, num_out: int, ids: jax.Array, combiner: Combiner) -> None:
+    """With `combiner="none"` the output gradient has a row per id: a one-line error naming
+    both counts when it has not (a missing row would drop an id's gradient silently)."""
+    if combiner is Combiner.NONE and num_out != ids.shape[0]:
+        raise ValueError(
+            f"{name}: combiner 'none' needs an output gradient row per id: got {num_out} rows "
+            f"for {ids.shape[0]} ids"
+        )
+
+
 def lookup_pool_backward(
     output_grads: jax.Array,
     ids: jax.Array,
@@ -227,11 +237,15 @@ def lookup_pool_backward(
     g = jnp.asarray(output_grads)
     per_id = combiner is Combiner.NONE
     num_segments = g.shape[0]
+    check_grad_rows("lookup_pool_backward", num_segments, ids, combiner)
     scale = id_scale(ids, segment_ids, num_segments, weights, combiner, vocab_size)
     masked_ids = jnp.where(scale != 0, ids, -1) if vocab_size is not None else ids
     if resolve(backend) is Backend.REFERENCE or g.dtype not in _FLOAT_DTYPES:
         rows, inverse, _, num_unique = reference.unique(masked_ids, capacity)
-        src = jnp.take(g.astype(jnp.float32), jnp.clip(segment_ids, 0, num_segments - 1), axis=0)
+        if num_segments:
+            src = jnp.take(g.astype(jnp.float32), jnp.clip(segment_ids, 0, num_segments - 1), 0)
+        else:  # no bags: every id's segment is outside, its scale 0
+            src = jnp.zeros((ids.shape[0], g.shape[1]), jnp.float32)
         row_grads = reference.segment_sum(src * scale[:, None], inverse, capacity)
     else:
         rows, row_grads, num_unique = _ffi.sparse_grad(

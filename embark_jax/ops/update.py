@@ -27,7 +27,13 @@ import jax.numpy as jnp
 from embark_jax.core.specs import Combiner
 from embark_jax.ops import _ffi, abi, reference
 from embark_jax.ops.backend import Backend, resolve
-from embark_jax.ops.lookup import _FLOAT_DTYPES, id_scale, lookup_pool_backward, pooling_inputs
+from embark_jax.ops.lookup import (
+    _FLOAT_DTYPES,
+    check_grad_rows,
+    id_scale,
+    lookup_pool_backward,
+    pooling_inputs,
+)
 from embark_jax.ops.optimizers import SparseOptimizer, stored_values
 
 __all__ = [
@@ -212,6 +218,7 @@ def _backward_inputs(name, table, num_out, ids, segment_ids, weights, combiner):
     rows: ids whose gradient scale is 0 (padding, outside the table, a dropped bag) become
     -1."""
     ids, segment_ids = pooling_inputs(name, ids, segment_ids, weights, combiner)
+    check_grad_rows(name, num_out, ids, combiner)
     scale = id_scale(ids, segment_ids, num_out, weights, combiner, table.shape[0])
     return jnp.where(scale != 0, ids, -1), segment_ids, scale
 

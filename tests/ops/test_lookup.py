@@ -157,3 +157,35 @@ def test_a_bag_of_zero_weights_has_finite_gradients(combiner):
     )(t, w)
     assert np.isfinite(np.asarray(g_t)).all() and np.isfinite(np.asarray(g_w)).all()
     np.testing.assert_array_equal(np.asarray(g_w)[2:], 0.0)
+
+
+@pytest.mark.parametrize("backend", ["ffi", "reference"])
+@pytest.mark.parametrize("rows", [3, 5])
+def test_backward_with_combiner_none_needs_a_gradient_row_per_id(backend, rows):
+    """`none` pools nothing: the gradient has a row per id, and a gradient with fewer rows
+    (an id's gradient dropped) or more is refused in one line naming both counts."""
+    ids = jnp.array([0, 1, 2, 3], jnp.int32)
+    g = jnp.ones((rows, 2), jnp.float32)
+    msg = f"combiner 'none' needs an output gradient row per id: got {rows} rows for 4 ids"
+    with pytest.raises(ValueError, match=msg):
+        ops.lookup_pool_backward(g, ids, None, capacity=4, combiner="none", backend=backend)
+    t = jnp.ones((6, 2), jnp.float32)
+    opt = O.SGD(learning_rate=1.0)
+    with pytest.raises(ValueError, match=msg):
+        ops.stage_backward_update(
+            t, opt.init(t), g, ids, None, optimizer=opt, combiner="none", backend=backend
+        )
+
+
+def test_backward_of_no_bags_updates_nothing_on_both_backends():
+    """A gradient of no bags (S = 0) with ids present: every id's bag is outside, so no row
+    is touched, on the kernels and on the reference (which took rows of an empty array)."""
+    t = jnp.ones((6, 4), jnp.float32)
+    opt = O.RowWiseAdagrad(learning_rate=0.1)
+    ids, seg = jnp.array([0, 1, 2]), jnp.array([0, 0, 1])
+    for backend in ("ffi", "reference"):
+        got = ops.stage_backward_update(
+            t, opt.init(t), jnp.zeros((0, 4)), ids, seg, optimizer=opt, backend=backend
+        )
+        np.testing.assert_array_equal(got.table, t)
+        assert int(got.num_unique) == 0
