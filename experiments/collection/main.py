@@ -7,12 +7,12 @@ of embark_jax against FBGEMM's TBE on one CPU device, each contender in its own 
 
 Workloads (`workloads.py`): dcnv2-mini (the preset's 26 tables, batch 4096), tables-100 (100
 tables of 1e4..1e6 rows, dims 32/64, hotness 1..10, batch 8192), one-4m (one 4M x 128 table,
-hotness 32, batch 4096); ids from the library's synthetic Zipf data (`--ids uniform` for
-uniform ones). TBE is run when torch and fbgemm-gpu-cpu are installed (`pip install
---no-build-isolation -e .[bench]`); without them its row is left out and the run still exits 0. Exit status 1 when a
-contender's step 1 disagrees with the reference. Only a full run (every workload, each
-one's contenders) writes results/collection_bench.json unless `--out` says otherwise: a quick
-run writes results/collection_bench_quick.json and a partial one
+hotness 32, batch 4096); ids from the library's synthetic Zipf data (`--ids uniform` for uniform
+ones). TBE is run when torch and fbgemm-gpu-cpu are installed (`pip install --no-build-isolation
+-e .[bench]`); without them its row is left out and the run still exits 0. Exit status 1 when a
+contender's step 1 disagrees with the reference. Only a full run (every workload, each one's
+contenders) writes results/collection_bench.json unless `--out` says otherwise: a quick run
+writes results/collection_bench_quick.json and a partial one
 results/collection_bench_partial.json. The JSON schema is in `bench.py`.
 """
 

@@ -20,10 +20,10 @@ so a smoke test never replaces the full results. Loop mode writes
 `results/kernels_loop.json` (`--loop`), `kernels_loop_quick.json` (`--gpu-quick`) or
 `kernels_loop_smoke.json` (`--loop --quick`).
 
-Per call, torch is measured when installed (`pip install --no-build-isolation -e .[bench]`); without it its
-column is left out and the run still exits 0. Exit status 1 when a library's output
-disagrees with the reference's. The JSON schemas are in `experiments/kernels/bench.py` and
-`experiments/kernels/loop.py`.
+Per call, torch is measured when installed (`pip install --no-build-isolation -e .[bench]`);
+without it its column is left out and the run still exits 0. Exit status 1 when a library's
+output disagrees with the reference's. The JSON schemas are in `experiments/kernels/bench.py`
+and `experiments/kernels/loop.py`.
 """
 
 import argparse
